@@ -1,0 +1,21 @@
+"""The algorithm registry: `algorithm.name` in a job picks one of these."""
+
+from rayfl.algorithms.base import Algorithm
+from rayfl.algorithms.fedavg import (
+    FedAvgConfig,
+    FedProxConfig,
+    ScaffoldConfig,
+    run_fedavg,
+    run_scaffold,
+)
+
+ALGORITHMS: dict[str, Algorithm] = {
+    a.name: a
+    for a in [
+        Algorithm("fedavg", FedAvgConfig, run_fedavg, "FedAvg, sample-size weighted (McMahan et al. 2017)"),
+        Algorithm("fedprox", FedProxConfig, run_fedavg, "FedProx, proximal local objective (Li et al. 2020)"),
+        Algorithm("scaffold", ScaffoldConfig, run_scaffold, "SCAFFOLD option II control variates (Karimireddy et al. 2020)"),
+    ]
+}
+
+__all__ = ["ALGORITHMS", "Algorithm"]

@@ -1,0 +1,178 @@
+"""FedAvg, FedProx and SCAFFOLD: the first-order baselines every FL paper compares against.
+
+Each is a plain server loop over the Federation. Client functions are module-level so Ray ships
+them by reference; they are pure functions of (client context, payload) apart from SCAFFOLD's
+persistent control variate, which stays in the client's host-side state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from rayfl.algorithms.base import eval_due
+from rayfl.algorithms.local import LocalSchedule, local_sgd
+from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
+from rayfl.engine import ClientContext, ClientResult, Federation
+
+
+@dataclass
+class FedAvgConfig(AlgorithmConfig):
+    """FedAvg (McMahan et al., AISTATS 2017, Alg. 1): clients run local SGD from the global
+    model; the server adds the `weighting`-weighted mean of their model deltas times
+    `server_lr` (1.0 is the paper's plain average; `samples` weights by n_k as in the paper)."""
+
+    name: str = "fedavg"
+    server_lr: float = 1.0
+    weighting: Literal["samples", "uniform"] = "samples"
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.server_lr > 0:
+            raise ConfigError("algorithm.server_lr", f"must be > 0, got {self.server_lr}")
+
+
+@dataclass
+class FedProxConfig(FedAvgConfig):
+    """FedProx (Li et al., MLSys 2020, Alg. 2): FedAvg whose local objective adds
+    mu/2 * ||w - w_global||^2. Typical mu in {0.001, 0.01, 0.1, 1}; mu = 0 is FedAvg."""
+
+    name: str = "fedprox"
+    mu: float = 0.01
+
+    def validate(self) -> None:
+        super().validate()
+        if self.mu < 0:
+            raise ConfigError("algorithm.mu", f"must be >= 0, got {self.mu}")
+
+
+@dataclass
+class ScaffoldConfig(FedAvgConfig):
+    """SCAFFOLD (Karimireddy et al., ICML 2020, Alg. 1, option II): local steps corrected by
+    (c - c_i); c_i+ = c_i - c + (x - y_i) / (K * lr); the server moves x by server_lr times the
+    mean delta and c by |S|/N times the mean control delta. The paper averages uniformly."""
+
+    name: str = "scaffold"
+    weighting: Literal["samples", "uniform"] = "uniform"
+
+
+# ---------------------------------------------------------------- client functions
+
+
+def fedavg_client(
+    ctx: ClientContext,
+    params: np.ndarray,
+    lr: float,
+    schedule: LocalSchedule,
+    weight_decay: float = 0.0,
+    prox_mu: float = 0.0,
+) -> dict[str, Any]:
+    """Local SGD (with FedProx's proximal term when prox_mu > 0); uploads the model delta."""
+    x = torch.tensor(params, device=ctx.device)
+    y, loss = local_sgd(ctx, x, lr, schedule, weight_decay=weight_decay, prox_mu=prox_mu, prox_center=x)
+    return {"delta": y - x, "loss": loss}
+
+
+def scaffold_client(
+    ctx: ClientContext,
+    params: np.ndarray,
+    control: np.ndarray,
+    lr: float,
+    schedule: LocalSchedule,
+    weight_decay: float = 0.0,
+) -> dict[str, Any]:
+    """SCAFFOLD option II; the client's control variate c_i persists in its host state."""
+    x = torch.tensor(params, device=ctx.device)
+    c = torch.tensor(control, device=ctx.device)
+    c_i = ctx.state.get("control")
+    c_i = torch.zeros_like(x) if c_i is None else c_i
+    y, loss = local_sgd(ctx, x, lr, schedule, weight_decay=weight_decay, correction=c - c_i)
+    steps = ctx.work.steps
+    if steps == 0:
+        return {"delta": torch.zeros_like(x), "delta_control": torch.zeros_like(x), "loss": loss}
+    c_new = c_i - c + (x - y) / (steps * lr)
+    ctx.state["control"] = c_new
+    return {"delta": y - x, "delta_control": c_new - c_i, "loss": loss}
+
+
+# ---------------------------------------------------------------- server loops
+
+
+def clients_this_round(fed: Federation, cfg: AlgorithmConfig, round: int) -> list[int]:
+    if cfg.participation is not None:
+        return fed.sample(round, fraction=cfg.participation)
+    return fed.sample(round, k=cfg.clients_per_round)
+
+
+def weighted_mean(results: list[ClientResult], key: str, weights: np.ndarray) -> np.ndarray:
+    """Sum in client-id order in float64: identical whatever the host layout."""
+    acc = np.zeros_like(results[0][key], dtype=np.float64)
+    for r, w in zip(results, weights, strict=True):
+        acc += w * r[key].astype(np.float64)
+    return acc
+
+
+def round_metrics(fed: Federation, results: list[ClientResult], weights: np.ndarray) -> dict[str, float]:
+    losses = np.array([r["loss"] for r in results], dtype=np.float64)
+    ok = np.isfinite(losses)
+    train_loss = float(np.sum(weights[ok] * losses[ok]) / max(np.sum(weights[ok]), 1e-12)) if ok.any() else float("nan")
+    return {"train_loss": train_loss, "num_updates": len(results)}
+
+
+def check_finite(x: np.ndarray, round: int) -> None:
+    if not np.all(np.isfinite(x)):
+        raise FloatingPointError(f"global model diverged (non-finite parameters) at round {round}; lower algorithm.lr")
+
+
+def run_fedavg(fed: Federation, cfg: FedAvgConfig, run: RunConfig) -> dict[str, Any]:
+    """FedAvg and FedProx (prox_mu = cfg.mu for FedProx)."""
+    schedule = LocalSchedule(cfg.batch_size, cfg.local_epochs, cfg.local_steps)
+    prox_mu = getattr(cfg, "mu", 0.0)
+    x = fed.initial_params()
+    metrics: dict[str, Any] = {}
+    for r in range(run.rounds):
+        ids = clients_this_round(fed, cfg, r)
+        results = fed.call(
+            ids, fedavg_client, round=r, params=x, lr=cfg.lr, schedule=schedule,
+            weight_decay=cfg.weight_decay, prox_mu=prox_mu,
+        )
+        weights = fed.client_weights(ids, cfg.weighting)
+        x = (x + cfg.server_lr * weighted_mean(results, "delta", weights)).astype(np.float32)
+        check_finite(x, r)
+        metrics = round_metrics(fed, results, weights)
+        metrics.update(evaluate_if_due(fed, x, r, run))
+        fed.log_round(r, **metrics)
+    return {"final_params": x, **metrics}
+
+
+def run_scaffold(fed: Federation, cfg: ScaffoldConfig, run: RunConfig) -> dict[str, Any]:
+    schedule = LocalSchedule(cfg.batch_size, cfg.local_epochs, cfg.local_steps)
+    x = fed.initial_params()
+    control = np.zeros_like(x)
+    metrics: dict[str, Any] = {}
+    for r in range(run.rounds):
+        ids = clients_this_round(fed, cfg, r)
+        results = fed.call(
+            ids, scaffold_client, round=r, params=x, control=control, lr=cfg.lr,
+            schedule=schedule, weight_decay=cfg.weight_decay,
+        )
+        weights = fed.client_weights(ids, cfg.weighting)
+        x = (x + cfg.server_lr * weighted_mean(results, "delta", weights)).astype(np.float32)
+        uniform = np.full(len(results), 1.0 / len(results))
+        dc = weighted_mean(results, "delta_control", uniform)
+        control = (control + len(results) / fed.num_clients * dc).astype(np.float32)
+        check_finite(x, r)
+        metrics = round_metrics(fed, results, weights)
+        metrics.update(evaluate_if_due(fed, x, r, run))
+        fed.log_round(r, **metrics)
+    return {"final_params": x, **metrics}
+
+
+def evaluate_if_due(fed: Federation, x: np.ndarray, round: int, run: RunConfig) -> dict[str, float]:
+    if not eval_due(round, run):
+        return {}
+    m = fed.evaluate(x)
+    fed.log_eval(round, m)
+    return m

@@ -1,0 +1,464 @@
+"""Typed, validated experiment configuration.
+
+A job is a YAML file with one mapping per section (run, data, partition, model, algorithm,
+engine, system, output). Every section is a dataclass; unknown keys, wrong types and bad values
+raise `ConfigError` naming the dotted key and the allowed values *before* Ray starts, so a typo
+never costs a cluster allocation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration mistake, with the dotted key it concerns."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+DATASETS = ("synthetic", "digits", "mnist", "fashion_mnist", "cifar10")
+PARTITIONS = ("iid", "dirichlet", "quantity_skew", "dominant_class", "shards", "natural")
+MODELS = ("linear", "mlp", "relu1", "conv4")
+
+
+@dataclass
+class RunConfig:
+    """What to run and for how long."""
+
+    experiment: str = "default"
+    seed: int = 0
+    rounds: int = 50
+    eval_every: int = 1
+    run_id: str | None = None
+
+    def validate(self) -> None:
+        _positive("run.rounds", self.rounds)
+        _positive("run.eval_every", self.eval_every)
+        _non_negative("run.seed", self.seed)
+        if not self.experiment or "/" in self.experiment:
+            raise ConfigError("run.experiment", "must be a non-empty name without '/'")
+
+
+@dataclass
+class DataConfig:
+    """Which dataset, where its files are, and how train / test / server splits are made.
+
+    `source: full` reads the official train and test files; `test_only` reads only the official
+    test files (e.g. the 10,000 MNIST test images in `../shared/data/mnist/`) and splits them
+    like a pooled set. `split: pooled` pools everything and re-splits with `test_fraction`
+    (ZO-HFL's 90/10); `official` keeps the dataset's own test set.
+    """
+
+    dataset: str = "synthetic"
+    data_dir: str = "~/.rayfl/data"
+    source: Literal["full", "test_only"] = "full"
+    split: Literal["official", "pooled"] = "official"
+    test_fraction: float = 0.2
+    server_fraction: float = 0.0
+    download: bool = True
+    max_samples: int | None = None
+    # LEAF / FedProx Synthetic(alpha, beta); client sizes ~ lognormal(size_mu, size_sigma) + min.
+    synthetic_alpha: float = 1.0
+    synthetic_beta: float = 1.0
+    synthetic_features: int = 60
+    synthetic_classes: int = 10
+    synthetic_size_mu: float = 4.0
+    synthetic_size_sigma: float = 2.0
+    synthetic_min_samples: int = 50
+    synthetic_max_samples: int = 2000
+
+    def validate(self) -> None:
+        _choice("data.dataset", self.dataset, DATASETS)
+        _fraction("data.test_fraction", self.test_fraction, open_right=True)
+        if not 0.0 <= self.server_fraction < 1.0:
+            raise ConfigError("data.server_fraction", f"must be in [0, 1), got {self.server_fraction}")
+        if self.max_samples is not None:
+            _positive("data.max_samples", self.max_samples)
+        if self.synthetic_alpha < 0 or self.synthetic_beta < 0:
+            raise ConfigError("data.synthetic_alpha", "alpha and beta must be >= 0")
+        _positive("data.synthetic_features", self.synthetic_features)
+        if self.synthetic_classes < 2:
+            raise ConfigError("data.synthetic_classes", "must be >= 2")
+        if self.synthetic_min_samples < 2:
+            raise ConfigError("data.synthetic_min_samples", "each client needs >= 2 samples (one train, one test)")
+        if self.synthetic_max_samples < self.synthetic_min_samples:
+            raise ConfigError("data.synthetic_max_samples", "must be >= data.synthetic_min_samples")
+        if self.dataset in ("mnist", "fashion_mnist", "cifar10"):
+            root = Path(self.data_dir).expanduser()
+            if not self.download and not root.is_dir():
+                raise ConfigError("data.data_dir", f"directory {root} does not exist (and data.download is false)")
+
+
+@dataclass
+class PartitionConfig:
+    """How the training pool is split across clients.
+
+    iid; dirichlet (per-class proportions ~ Dir(alpha), at least `min_size` samples per client);
+    quantity_skew (one random client gets `big_client_size`, the rest `small_client_size`, IID
+    labels: ComFedL's MNIST); dominant_class (client i takes fraction `rho` from class i mod C:
+    ComFedL's CIFAR); shards (sort by label, `shards_per_client` shards each: McMahan et al.);
+    natural (the dataset's own clients, e.g. Synthetic(alpha, beta)).
+    `client_test: proportional` splits the test set across clients with each client's label mix,
+    for methods that evaluate personalized models.
+    """
+
+    method: str = "natural"
+    num_clients: int = 100
+    alpha: float = 0.5
+    min_size: int = 10
+    big_client_size: int = 5000
+    small_client_size: int = 20
+    rho: float = 0.8
+    samples_per_client: int | None = None
+    shards_per_client: int = 2
+    client_test: Literal["none", "proportional"] = "none"
+
+    def validate(self) -> None:
+        _choice("partition.method", self.method, PARTITIONS)
+        _positive("partition.num_clients", self.num_clients)
+        if self.alpha <= 0:
+            raise ConfigError("partition.alpha", f"Dirichlet concentration must be > 0, got {self.alpha}")
+        _non_negative("partition.min_size", self.min_size)
+        _positive("partition.big_client_size", self.big_client_size)
+        _positive("partition.small_client_size", self.small_client_size)
+        _fraction("partition.rho", self.rho, open_left=False)
+        if self.samples_per_client is not None:
+            _positive("partition.samples_per_client", self.samples_per_client)
+        _positive("partition.shards_per_client", self.shards_per_client)
+
+
+@dataclass
+class ModelConfig:
+    """The network every client trains. Parameters travel as one flat float32 vector."""
+
+    name: str = "linear"
+    bias: bool = True
+    hidden: list[int] = field(default_factory=lambda: [200, 200])
+    conv_channels: int = 32
+
+    def validate(self) -> None:
+        _choice("model.name", self.name, MODELS)
+        for i, h in enumerate(self.hidden):
+            _positive(f"model.hidden[{i}]", h)
+        if self.name == "relu1" and len(self.hidden) < 1:
+            raise ConfigError("model.hidden", "relu1 needs one hidden width")
+        _positive("model.conv_channels", self.conv_channels)
+
+
+@dataclass
+class AlgorithmConfig:
+    """Fields every algorithm shares. Each algorithm subclasses this with its own
+    hyper-parameters (see `rayfl.algorithms`); `name` picks the subclass."""
+
+    name: str = "fedavg"
+    clients_per_round: int | None = 10
+    participation: float | None = None
+    local_epochs: int | None = 1
+    local_steps: int | None = None
+    batch_size: int = 32
+    lr: float = 0.05
+    weight_decay: float = 0.0
+
+    def validate(self) -> None:
+        if self.clients_per_round is not None:
+            _positive("algorithm.clients_per_round", self.clients_per_round)
+        if self.participation is not None:
+            _fraction("algorithm.participation", self.participation, open_left=True)
+        if (self.local_epochs is None) == (self.local_steps is None):
+            raise ConfigError("algorithm.local_steps", "set exactly one of local_epochs and local_steps (the other to null)")
+        if self.local_epochs is not None:
+            _positive("algorithm.local_epochs", self.local_epochs)
+        if self.local_steps is not None:
+            _non_negative("algorithm.local_steps", self.local_steps)
+        _positive("algorithm.batch_size", self.batch_size)
+        _positive_float("algorithm.lr", self.lr)
+        _non_negative("algorithm.weight_decay", self.weight_decay)
+
+
+@dataclass
+class EngineConfig:
+    """How clients are placed on Ray. `clients_per_host: auto` packs clients into one host per
+    `num_cpus_per_host` CPUs (or per GPU fraction); `1` gives one actor per client."""
+
+    address: str | None = None
+    num_hosts: int | None = None
+    clients_per_host: int | Literal["auto"] = "auto"
+    num_cpus_per_host: float = 1.0
+    num_gpus_per_host: float = 0.0
+    torch_threads: int = 1
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    max_restarts: int = 0
+
+    def validate(self) -> None:
+        if self.num_hosts is not None:
+            _positive("engine.num_hosts", self.num_hosts)
+        if self.clients_per_host != "auto":
+            _positive("engine.clients_per_host", self.clients_per_host)
+        if self.num_cpus_per_host < 0:
+            raise ConfigError("engine.num_cpus_per_host", "must be >= 0")
+        if self.num_gpus_per_host < 0:
+            raise ConfigError("engine.num_gpus_per_host", "must be >= 0 (fractions like 0.25 share a GPU)")
+        _positive("engine.torch_threads", self.torch_threads)
+        _non_negative("engine.max_restarts", self.max_restarts)
+
+
+@dataclass
+class SystemConfig:
+    """The simple device / network model behind the simulated clock.
+
+    A task takes work / compute_speed + bytes_down / down_bandwidth + bytes_up / up_bandwidth +
+    latency simulated seconds, with compute_speed in FLOP/s (1e9: a phone-class effective rate),
+    bandwidths in bytes/s and latency in s. Work counts the FLOPs of the samples actually
+    processed; a forward+backward pass costs `backward_cost` forward passes. Speeds are per
+    client, drawn from `speed_distribution` (lognormal keeps compute_speed as the median).
+    """
+
+    compute_speed: float = 1e9
+    speed_distribution: Literal["constant", "lognormal"] = "constant"
+    speed_sigma: float = 0.5
+    backward_cost: float = 3.0
+    up_bandwidth: float = 1.25e6
+    down_bandwidth: float = 2.5e6
+    latency: float = 0.05
+
+    def validate(self) -> None:
+        _positive_float("system.compute_speed", self.compute_speed)
+        _non_negative("system.speed_sigma", self.speed_sigma)
+        _positive_float("system.backward_cost", self.backward_cost)
+        _positive_float("system.up_bandwidth", self.up_bandwidth)
+        _positive_float("system.down_bandwidth", self.down_bandwidth)
+        _non_negative("system.latency", self.latency)
+
+
+@dataclass
+class OutputConfig:
+    """Where results go: `<dir>/<experiment>/<run_id>/{rounds,clients,evals}/part-*.parquet`."""
+
+    dir: str = "results"
+    flush_every_rounds: int = 1
+    log_clients: bool = True
+
+    def validate(self) -> None:
+        _positive("output.flush_every_rounds", self.flush_every_rounds)
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    system: SystemConfig = field(default_factory=SystemConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    def validate(self) -> None:
+        for f in dataclasses.fields(self):
+            getattr(self, f.name).validate()
+        if self.partition.method == "natural" and self.data.dataset != "synthetic":
+            raise ConfigError(
+                "partition.method",
+                f"'natural' needs a dataset with its own clients (synthetic); {self.data.dataset!r} "
+                f"needs one of {[p for p in PARTITIONS if p != 'natural']}",
+            )
+        alg = self.algorithm
+        if alg.clients_per_round is not None and alg.clients_per_round > self.partition.num_clients:
+            raise ConfigError(
+                "algorithm.clients_per_round",
+                f"{alg.clients_per_round} exceeds partition.num_clients={self.partition.num_clients}",
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+SECTIONS: dict[str, type] = typing.get_type_hints(Config)
+
+
+def algorithm_config_class(name: str) -> type[AlgorithmConfig]:
+    """The config dataclass of a registered algorithm (imported lazily: algorithms import us)."""
+    from rayfl.algorithms import ALGORITHMS
+
+    if name not in ALGORITHMS:
+        raise ConfigError("algorithm.name", f"unknown algorithm {name!r}; choose one of {sorted(ALGORITHMS)}")
+    return ALGORITHMS[name].config_class
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read a YAML job (or the defaults when `path` is None), apply `section.key=value`
+    overrides, and validate. Raises ConfigError before anything expensive happens."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError("job", f"file {p} does not exist")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError("job", f"{p} is not valid YAML: {e}") from e
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, Mapping):
+            raise ConfigError("job", f"{p} must be a mapping of sections {sorted(SECTIONS)}")
+        raw = {k: dict(v) if isinstance(v, Mapping) else v for k, v in loaded.items()}
+    for item in overrides or []:
+        apply_override(raw, item)
+    return config_from_dict(raw)
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Apply one `section.key=value` override; the value is parsed as YAML (so 0.1, true, null,
+    [64, 64] work)."""
+    if "=" not in item:
+        raise ConfigError(item, "an override must look like section.key=value")
+    dotted, _, text = item.partition("=")
+    section, _, key = dotted.strip().partition(".")
+    if not key:
+        raise ConfigError(dotted, f"an override must name section.key; sections are {sorted(SECTIONS)}")
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError as e:
+        raise ConfigError(dotted, f"cannot parse value {text!r}: {e}") from e
+    sec = raw.setdefault(section, {})
+    if not isinstance(sec, dict):
+        raise ConfigError(section, "must be a mapping")
+    sec[key] = value
+
+
+def config_from_dict(raw: Mapping[str, Any]) -> Config:
+    unknown = set(raw) - set(SECTIONS)
+    if unknown:
+        bad = sorted(unknown)[0]
+        raise ConfigError(bad, f"unknown section; allowed sections are {sorted(SECTIONS)}")
+    sections: dict[str, Any] = {}
+    for name, cls in SECTIONS.items():
+        values = raw.get(name) or {}
+        if not isinstance(values, Mapping):
+            raise ConfigError(name, "must be a mapping of keys to values")
+        if name == "algorithm":
+            cls = algorithm_config_class(str(values.get("name", AlgorithmConfig.name)))
+        sections[name] = build_section(cls, values, name)
+    cfg = Config(**sections)
+    cfg.validate()
+    return cfg
+
+
+def build_section(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
+    """Construct dataclass `cls` from a mapping, checking keys and coercing types."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in values.items():
+        if key not in hints:
+            raise ConfigError(f"{prefix}.{key}", f"unknown key; allowed keys are {names}")
+        kwargs[key] = coerce(f"{prefix}.{key}", value, hints[key])
+    return cls(**kwargs)
+
+
+def coerce(key: str, value: Any, hint: Any) -> Any:
+    """Check `value` against a type hint, with the mild coercions YAML needs (int -> float)."""
+    origin = get_origin(hint)
+    if origin in (Union, types.UnionType):
+        errors = []
+        for option in get_args(hint):
+            try:
+                return coerce(key, value, option)
+            except ConfigError as e:
+                errors.append(str(e).split(": ", 1)[1])
+        raise ConfigError(key, f"got {value!r}; expected {_describe(hint)}")
+    if hint is type(None):
+        if value is None:
+            return None
+        raise ConfigError(key, "expected null")
+    if origin is Literal:
+        if value in get_args(hint):
+            return value
+        raise ConfigError(key, f"got {value!r}; allowed values are {list(get_args(hint))}")
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(key, f"got {value!r}; expected a list")
+        (item,) = get_args(hint)
+        return [coerce(f"{key}[{i}]", v, item) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(key, f"got {value!r}; expected a mapping")
+        return dict(value)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(key, f"got {value!r}; expected true or false")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(key, f"got {value!r}; expected an integer")
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(key, f"got {value!r}; expected a number")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(key, f"got {value!r}; expected a string")
+    if hint is Any:
+        return value
+    raise ConfigError(key, f"unsupported type {hint}")
+
+
+def _describe(hint: Any) -> str:
+    parts = []
+    for option in get_args(hint):
+        if option is type(None):
+            parts.append("null")
+        elif get_origin(option) is Literal:
+            parts.extend(repr(a) for a in get_args(option))
+        else:
+            parts.append(getattr(option, "__name__", str(option)))
+    return " or ".join(parts)
+
+
+def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(key, f"unknown value {value!r}; allowed values are {list(allowed)}")
+
+
+def _positive(key: str, value: int | float) -> None:
+    if value <= 0:
+        raise ConfigError(key, f"must be > 0, got {value}")
+
+
+def _positive_float(key: str, value: float) -> None:
+    if not value > 0:
+        raise ConfigError(key, f"must be > 0, got {value}")
+
+
+def _non_negative(key: str, value: int | float) -> None:
+    if value < 0:
+        raise ConfigError(key, f"must be >= 0, got {value}")
+
+
+def _fraction(key: str, value: float, open_left: bool = True, open_right: bool = False) -> None:
+    lo_ok = value > 0 if open_left else value >= 0
+    hi_ok = value < 1 if open_right else value <= 1
+    if not (lo_ok and hi_ok):
+        lo = "(0" if open_left else "[0"
+        hi = "1)" if open_right else "1]"
+        raise ConfigError(key, f"must be in {lo}, {hi}, got {value}")

@@ -1,0 +1,218 @@
+"""The federated view of a dataset: global arrays plus per-client (and server) index sets.
+
+Clients hold indices, not copies, so the engine can ship the arrays once through the object
+store and hand each host just the index arrays of its clients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rayfl.config import ConfigError, DataConfig, PartitionConfig
+from rayfl.data.datasets import load_pool
+from rayfl.data.partition import (
+    groups_from_owner,
+    partition_indices,
+    proportional_test_split,
+    split_server,
+)
+from rayfl.data.synthetic import generate_synthetic, split_clients
+from rayfl.rng import numpy_rng
+
+
+@dataclass
+class FederatedDataset:
+    """Train / test arrays and who owns which rows. Index arrays are sorted int64."""
+
+    name: str
+    num_classes: int
+    input_shape: tuple[int, ...]
+    train_x: np.ndarray
+    train_y: np.ndarray
+    test_x: np.ndarray
+    test_y: np.ndarray
+    client_train: list[np.ndarray]
+    client_test: list[np.ndarray] | None = None
+    server_train: np.ndarray | None = None
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_train)
+
+    def client_sizes(self) -> np.ndarray:
+        """Training samples per client."""
+        return np.array([len(i) for i in self.client_train], dtype=np.int64)
+
+    def class_matrix(self, split: str = "train") -> np.ndarray:
+        """[num_clients, num_classes] label counts of each client's train or test set."""
+        if split == "train":
+            parts, labels = self.client_train, self.train_y
+        elif split == "test":
+            if self.client_test is None:
+                raise ValueError("this dataset has no per-client test sets (partition.client_test is 'none')")
+            parts, labels = self.client_test, self.test_y
+        else:
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        return _count_matrix(parts, labels, self.num_classes)
+
+    def summary(self) -> str:
+        """A few human-readable lines for logs and `rayfl partition`."""
+        sizes = self.client_sizes()
+        lines = [
+            f"{self.name}: {self.num_clients} clients, {self.num_classes} classes, input shape {self.input_shape}",
+            f"client train sizes: min {sizes.min()} / median {np.median(sizes):g} / max {sizes.max()} "
+            f"(total {sizes.sum()})",
+            f"server train: {0 if self.server_train is None else len(self.server_train)}; "
+            f"global test: {len(self.test_y)}",
+        ]
+        if self.client_test is not None:
+            t = np.array([len(i) for i in self.client_test])
+            lines.append(f"client test sizes: min {t.min()} / median {np.median(t):g} / max {t.max()} (total {t.sum()})")
+        return "\n".join(lines)
+
+    def check(self) -> None:
+        """Raise ValueError unless every index set is sorted, in range and disjoint."""
+        _check_disjoint(
+            self.client_train + ([self.server_train] if self.server_train is not None else []),
+            len(self.train_y),
+            "train",
+        )
+        if self.client_test is not None:
+            _check_disjoint(self.client_test, len(self.test_y), "test")
+
+
+def build_federated_dataset(data: DataConfig, partition: PartitionConfig, seed: int) -> FederatedDataset:
+    """Load or generate `data.dataset`, carve out the server's share and split the rest
+    across `partition.num_clients` clients, all from seeded streams of `seed`."""
+    if data.dataset == "synthetic":
+        fd = _build_synthetic(data, partition, seed)
+    elif partition.method == "natural":
+        raise ConfigError(
+            "partition.method", f"'natural' needs a dataset with its own clients (synthetic), not {data.dataset!r}"
+        )
+    else:
+        train, test = load_pool(data, seed)
+        fd = _build_from_pool(
+            train.name, train.num_classes, train.x, train.y, test.x, test.y, data, partition, seed
+        )
+    fd.check()
+    return fd
+
+
+def _build_from_pool(
+    name: str,
+    num_classes: int,
+    train_x: np.ndarray,
+    train_y: np.ndarray,
+    test_x: np.ndarray,
+    test_y: np.ndarray,
+    data: DataConfig,
+    partition: PartitionConfig,
+    seed: int,
+) -> FederatedDataset:
+    server, pool = split_server(len(train_y), data.server_fraction, numpy_rng(seed, "data.server"))
+    local = partition_indices(partition.method, train_y[pool], partition, numpy_rng(seed, "partition"))
+    clients = [pool[i] for i in local]  # pool is sorted, so each stays sorted
+    client_test = None
+    if partition.client_test == "proportional":
+        counts = _count_matrix(clients, train_y, num_classes)
+        client_test = proportional_test_split(counts, test_y, numpy_rng(seed, "partition.test"))
+    fd = FederatedDataset(
+        name=name,
+        num_classes=num_classes,
+        input_shape=tuple(int(d) for d in train_x.shape[1:]),
+        train_x=train_x,
+        train_y=train_y,
+        test_x=test_x,
+        test_y=test_y,
+        client_train=clients,
+        client_test=client_test,
+        server_train=server,
+    )
+    return _compact(fd)
+
+
+def _build_synthetic(data: DataConfig, partition: PartitionConfig, seed: int) -> FederatedDataset:
+    gen = generate_synthetic(data, partition.num_clients, seed)
+    n_train, n_test = split_clients(gen.sizes, data.test_fraction)
+    # Row r of client k is a test row when it is among the client's last n_test[k] rows.
+    offsets = gen.offsets
+    owner = np.repeat(np.arange(len(gen.sizes)), gen.sizes)
+    is_test = (np.arange(len(gen.y)) - offsets[owner]) >= n_train[owner]
+    train_x, train_y = gen.x[~is_test], gen.y[~is_test]
+    test_x, test_y = gen.x[is_test], gen.y[is_test]
+    name = f"synthetic({data.synthetic_alpha:g},{data.synthetic_beta:g})"
+    c = data.synthetic_classes
+    if partition.method != "natural":
+        return _build_from_pool(name, c, train_x, train_y, test_x, test_y, data, partition, seed)
+    train_owner = owner[~is_test]
+    server_mask = _natural_server_mask(train_owner, n_train, data.server_fraction, numpy_rng(seed, "data.server"))
+    client_train = groups_from_owner(np.where(server_mask, -1, train_owner), len(gen.sizes))
+    client_test = groups_from_owner(owner[is_test], len(gen.sizes))
+    server = np.flatnonzero(server_mask).astype(np.int64) if data.server_fraction > 0 else None
+    return FederatedDataset(
+        name=name,
+        num_classes=c,
+        input_shape=(data.synthetic_features,),
+        train_x=train_x,
+        train_y=train_y,
+        test_x=test_x,
+        test_y=test_y,
+        client_train=client_train,
+        client_test=client_test,
+        server_train=server,
+    )
+
+
+def _natural_server_mask(owner: np.ndarray, n_train: np.ndarray, fraction: float, rng: np.random.Generator) -> np.ndarray:
+    """With natural clients, each client hands floor(fraction * n_k) random train rows to the
+    server, so the server's share is spread over all clients and nobody is left empty."""
+    mask = np.zeros(len(owner), dtype=bool)
+    if fraction <= 0:
+        return mask
+    take = np.floor(fraction * n_train).astype(np.int64)
+    order = np.lexsort((rng.random(len(owner)), owner))  # random order within each client
+    starts = np.concatenate([[0], np.cumsum(n_train)])
+    rank = np.empty(len(owner), dtype=np.int64)
+    rank[order] = np.arange(len(owner)) - starts[owner[order]]
+    mask[rank < take[owner]] = True
+    return mask
+
+
+def _compact(fd: FederatedDataset) -> FederatedDataset:
+    """Drop training rows nobody owns (e.g. quantity_skew uses 5,180 of 60,000) and remap
+    indices, so the engine never ships unused data."""
+    owned = fd.client_train + ([fd.server_train] if fd.server_train is not None else [])
+    used = np.unique(np.concatenate(owned)) if owned else np.empty(0, dtype=np.int64)
+    if len(used) == len(fd.train_y):
+        return fd
+
+    def remap(idx: np.ndarray) -> np.ndarray:
+        return np.searchsorted(used, idx).astype(np.int64)
+
+    fd.train_x, fd.train_y = fd.train_x[used], fd.train_y[used]
+    fd.client_train = [remap(i) for i in fd.client_train]
+    if fd.server_train is not None:
+        fd.server_train = remap(fd.server_train)
+    return fd
+
+
+def _count_matrix(parts: list[np.ndarray], labels: np.ndarray, num_classes: int) -> np.ndarray:
+    m = len(parts)
+    if m == 0:
+        return np.zeros((0, num_classes), dtype=np.int64)
+    owner = np.repeat(np.arange(m), [len(p) for p in parts])
+    flat = np.concatenate(parts).astype(np.int64)
+    return np.bincount(owner * num_classes + labels[flat], minlength=m * num_classes).reshape(m, num_classes)
+
+
+def _check_disjoint(parts: list[np.ndarray], n: int, what: str) -> None:
+    for k, p in enumerate(parts):
+        if p.dtype != np.int64 or p.ndim != 1:
+            raise ValueError(f"{what} index set {k} must be a 1-D int64 array, got {p.dtype} {p.shape}")
+        if len(p) and (p[0] < 0 or p[-1] >= n or np.any(np.diff(p) <= 0)):
+            raise ValueError(f"{what} index set {k} is not sorted, unique and within [0, {n})")
+    if parts and n and np.bincount(np.concatenate(parts), minlength=n).max(initial=0) > 1:
+        raise ValueError(f"{what} index sets overlap")

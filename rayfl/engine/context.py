@@ -1,0 +1,94 @@
+"""What a client function sees inside its host: its data, its persistent state, its RNG streams
+and a work meter. Client functions are plain `fn(ctx, **payload) -> dict`, so they can be tested
+without Ray and the host can run many of them in one remote call."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from rayfl.rng import numpy_rng, torch_generator
+
+
+@dataclass
+class WorkMeter:
+    """Work a client task actually did, in sample-passes, for the simulated clock.
+
+    `forward_samples` count inference-only passes (zeroth-order evaluations, evaluation);
+    `backward_samples` count forward+backward passes; `steps` counts optimiser steps."""
+
+    forward_samples: int = 0
+    backward_samples: int = 0
+    steps: int = 0
+
+    def forward(self, samples: int) -> None:
+        self.forward_samples += int(samples)
+
+    def gradient_step(self, samples: int) -> None:
+        self.backward_samples += int(samples)
+        self.steps += 1
+
+
+@dataclass
+class ClientContext:
+    """One client's view during one task. `state` persists across rounds inside the host."""
+
+    id: int
+    round: int
+    seed: int
+    model: torch.nn.Module
+    device: torch.device
+    x: torch.Tensor
+    y: torch.Tensor
+    test_x: torch.Tensor | None
+    test_y: torch.Tensor | None
+    state: dict[str, Any]
+    work: WorkMeter = field(default_factory=WorkMeter)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.y.shape[0])
+
+    def rng(self, purpose: str) -> np.random.Generator:
+        """A numpy stream private to (run seed, purpose, round, client)."""
+        return numpy_rng(self.seed, purpose, self.round, self.id)
+
+    def generator(self, purpose: str) -> torch.Generator:
+        """A torch CPU generator private to (run seed, purpose, round, client)."""
+        return torch_generator(self.seed, purpose, self.round, self.id)
+
+    def batches(
+        self,
+        batch_size: int,
+        *,
+        epochs: int | None = None,
+        steps: int | None = None,
+        purpose: str = "batches",
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Shuffled minibatches: `epochs` full passes, or exactly `steps` batches (reshuffling at
+        each pass). Batch size is clipped to the client's sample count. The order depends only
+        on (seed, purpose, round, client), never on which host runs the client."""
+        n = self.num_samples
+        if n == 0:
+            return
+        b = min(batch_size, n)
+        rng = self.rng(purpose)
+        if epochs is not None:
+            for _ in range(epochs):
+                perm = torch.from_numpy(rng.permutation(n))
+                for start in range(0, n, b):
+                    idx = perm[start : start + b]
+                    yield self.x[idx], self.y[idx]
+            return
+        assert steps is not None, "give epochs or steps"
+        perm, pos = torch.from_numpy(rng.permutation(n)), 0
+        for _ in range(steps):
+            if pos + b > n:
+                perm, pos = torch.from_numpy(rng.permutation(n)), 0
+            idx = perm[pos : pos + b]
+            pos += b
+            yield self.x[idx], self.y[idx]

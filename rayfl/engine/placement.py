@@ -1,0 +1,54 @@
+"""How many ClientHost actors to start, with what resources, and which clients each hosts.
+
+Results never depend on this layout (every client draws from its own seeded streams and the
+driver aggregates in client-id order), so placement is purely a performance choice."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from rayfl.config import EngineConfig
+
+
+@dataclass(frozen=True)
+class Placement:
+    num_hosts: int
+    num_cpus: float
+    num_gpus: float
+    assignment: list[np.ndarray]  # client ids per host
+
+    def host_of(self) -> np.ndarray:
+        """host index for every client id."""
+        owner = np.empty(sum(len(a) for a in self.assignment), dtype=np.int64)
+        for h, ids in enumerate(self.assignment):
+            owner[ids] = h
+        return owner
+
+
+def plan_placement(cfg: EngineConfig, num_clients: int, cluster_resources: dict[str, float]) -> Placement:
+    """Pick the host count: explicit `num_hosts`; else `clients_per_host`; else (auto) one host
+    per `num_cpus_per_host` CPUs, or per `num_gpus_per_host` GPU share when GPUs are requested."""
+    if cfg.num_hosts is not None:
+        hosts = cfg.num_hosts
+    elif cfg.clients_per_host != "auto":
+        hosts = math.ceil(num_clients / int(cfg.clients_per_host))
+    elif cfg.num_gpus_per_host > 0:
+        gpus = cluster_resources.get("GPU", 0.0)
+        if gpus <= 0:
+            raise ValueError("engine.num_gpus_per_host > 0 but the Ray cluster has no GPU")
+        hosts = max(1, int(gpus / cfg.num_gpus_per_host + 1e-9))
+    else:
+        cpus = cluster_resources.get("CPU", 1.0)
+        per = cfg.num_cpus_per_host if cfg.num_cpus_per_host > 0 else 1.0
+        hosts = max(1, int(cpus / per + 1e-9))
+    hosts = max(1, min(hosts, num_clients))
+    ids = np.arange(num_clients, dtype=np.int64)
+    if cfg.clients_per_host != "auto" and cfg.num_hosts is None:
+        size = int(cfg.clients_per_host)
+        assignment = [ids[i : i + size] for i in range(0, num_clients, size)]
+    else:
+        assignment = list(np.array_split(ids, hosts))
+    return Placement(hosts, cfg.num_cpus_per_host, cfg.num_gpus_per_host, assignment)

@@ -1,0 +1,46 @@
+"""A one-line progress bar for long runs: round, simulated time, wall time, last accuracy."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+class RoundProgress:
+    def __init__(self, total_rounds: int, enabled: bool = True):
+        self.total = total_rounds
+        self.enabled = enabled
+        self.bar = None
+        self.last_accuracy: float | None = None
+
+    def __enter__(self) -> RoundProgress:
+        if self.enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total, unit="round", file=sys.stderr, mininterval=0.5, dynamic_ncols=True)
+        return self
+
+    def update(self, row: dict[str, Any]) -> None:
+        if self.bar is None:
+            return
+        acc = row.get("test_accuracy")
+        if acc is not None:
+            self.last_accuracy = float(acc)
+        post = {"sim": format_seconds(row["sim_time"]), "wall": format_seconds(row["wall_time"])}
+        if self.last_accuracy is not None:
+            post["acc"] = f"{self.last_accuracy:.4f}"
+        self.bar.set_postfix(post, refresh=False)
+        self.bar.update(row["round"] + 1 - self.bar.n)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def format_seconds(s: float) -> str:
+    s = float(s)
+    if s < 120:
+        return f"{s:.1f}s"
+    if s < 7200:
+        return f"{s / 60:.1f}m"
+    return f"{s / 3600:.1f}h"

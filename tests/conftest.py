@@ -1,0 +1,36 @@
+"""Shared fixtures: one real local Ray for the whole session, paths to the offline data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_MNIST = REPO.parent / "shared" / "data" / "mnist"
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """A real local Ray with 2 CPUs, started once and always shut down."""
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture
+def shared_mnist() -> Path:
+    if not (SHARED_MNIST / "t10k-images-idx3-ubyte.gz").is_file():
+        pytest.skip("../shared/data/mnist is not present")
+    return SHARED_MNIST.parent
+
+
+@pytest.fixture
+def results_dir(tmp_path: Path) -> Path:
+    return tmp_path / "results"

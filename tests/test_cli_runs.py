@@ -1,0 +1,178 @@
+"""The command line as a user meets it: help, a run, a killed run, a submitted Ray job."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from rayfl.cli import main
+from rayfl.results import load
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def env_with_venv() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and everything it started (Ray workers start their own sessions, so a
+    process-group kill alone would orphan them)."""
+    import psutil
+
+    try:
+        parent = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    procs = [parent, *parent.children(recursive=True)]
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(procs, timeout=30)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_help_teaches(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for word in ("run", "partition", "report", "bench", "--set", "ray job submit", "read_parquet"):
+        assert word in out
+
+
+def test_partition_prints_the_matrix(capsys, tmp_path):
+    png = tmp_path / "p.png"
+    assert main(["partition", "--set", "data.dataset=digits", "--set", "partition.method=dirichlet",
+                 "--set", "partition.num_clients=6", "--set", "algorithm.clients_per_round=6",
+                 "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "client" in out and png.stat().st_size > 1000
+
+
+def test_cli_run_default_job(tmp_path):
+    """`rayfl run` with no job: the default experiment, in its own local Ray."""
+    proc = subprocess.run(
+        [str(BIN / "rayfl"), "run", "--set", "run.rounds=3", "--set", f"output.dir={tmp_path}"],
+        env=env_with_venv(), cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "results:" in proc.stdout
+    res = load(tmp_path)
+    assert len(res.rounds) == 3 and res.manifests["status"].iloc[0] == "completed"
+
+
+def test_killed_run_leaves_readable_parquet(tmp_path):
+    """SIGKILL the driver and its Ray mid-run: every Parquet file already on disk reads back."""
+    cmd = [
+        str(BIN / "rayfl"), "run", str(REPO / "jobs" / "digits_fedavg.yaml"), "--quiet",
+        "--set", "run.rounds=100000", "--set", "run.eval_every=1", "--set", f"output.dir={tmp_path}",
+    ]
+    proc = subprocess.Popen(cmd, env=env_with_venv(), cwd=tmp_path, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            parts = list(tmp_path.glob("*/*/rounds/part-*.parquet"))
+            if len(parts) >= 5:
+                break
+            assert proc.poll() is None, "the run ended before it could be killed"
+            time.sleep(0.2)
+        else:
+            pytest.fail("no rounds were written in time")
+    finally:
+        kill_tree(proc.pid)
+        proc.wait(timeout=30)
+    files = sorted(tmp_path.rglob("*.parquet"))
+    assert len(files) >= 5
+    for f in files:
+        pq.read_table(f)  # raises on a torn file
+    res = load(tmp_path)
+    assert res.manifests["status"].iloc[0] == "running"  # it never got to close
+    rounds = res.rounds.sort_values("round")["round"].tolist()
+    assert rounds == list(range(len(rounds)))  # no gaps, nothing doubled
+
+
+def test_ray_job_submit_to_a_local_head(tmp_path):
+    """`ray job submit` to a real `ray start --head`; the job's Parquet is read back here."""
+    env = env_with_venv()
+    env["RAY_AUTH_MODE"] = "token"
+    env["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    gcs, dash, client, agent = (free_port() for _ in range(4))
+    head_log = (tmp_path / "head.log").open("w")
+    head = subprocess.Popen(
+        [str(BIN / "ray"), "start", "--head", "--block", f"--port={gcs}", f"--dashboard-port={dash}",
+         f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}",
+         "--dashboard-host=127.0.0.1", "--num-cpus=2", "--include-dashboard=true", "--disable-usage-stats"],
+        env=env, cwd=tmp_path, start_new_session=True, stdout=head_log, stderr=subprocess.STDOUT,
+    )
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    (job_dir / "tiny.yaml").write_text(
+        "run: {experiment: submitted, rounds: 3}\n"
+        "data: {dataset: digits}\n"
+        "partition: {method: iid, num_clients: 8}\n"
+        "algorithm: {name: fedavg, clients_per_round: 4}\n"
+    )
+    out_dir = tmp_path / "results"
+    try:
+        submit = None
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            submit = subprocess.run(
+                [str(BIN / "ray"), "job", "submit", "--address", f"http://127.0.0.1:{dash}",
+                 "--working-dir", str(job_dir), "--",
+                 "rayfl", "run", "tiny.yaml", "--quiet", "--set", f"output.dir={out_dir}"],
+                env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+            )
+            if submit.returncode == 0 or "Connection refused" not in submit.stdout + submit.stderr:
+                break
+            time.sleep(2)
+        assert submit is not None and submit.returncode == 0, (submit.stdout + submit.stderr)[-4000:]
+        assert "succeeded" in submit.stdout
+    finally:
+        kill_tree(head.pid)
+        head.wait(timeout=30)
+        head_log.close()
+    res = load(out_dir)
+    assert len(res.rounds) == 3
+    assert pd.read_parquet(next(out_dir.glob("submitted/*/rounds"))).shape[0] == 3
+
+
+def test_report_draws_figures(ray_local, tmp_path, capsys):
+    from rayfl.config import load_config
+    from rayfl.runner import run_experiment
+
+    results = tmp_path / "results"
+    for name in ("fedavg", "scaffold"):
+        cfg = load_config(None, ["data.dataset=digits", "partition.method=iid", "partition.num_clients=6",
+                                 "algorithm.clients_per_round=3", "run.rounds=3", f"algorithm.name={name}",
+                                 f"output.dir={results}"])
+        run_experiment(cfg)
+    assert main(["report", str(results)]) == 0
+    out = capsys.readouterr().out
+    assert "fedavg" in out and "scaffold" in out
+    figures = sorted((results / "report").glob("*.png"))
+    assert {f.name for f in figures} >= {"test_accuracy_vs_round.png", "test_accuracy_vs_sim_time.png"}
+    assert any(f.name.startswith("timeline_") for f in figures)
+    assert all(f.stat().st_size > 5000 for f in figures)

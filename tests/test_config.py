@@ -1,0 +1,98 @@
+"""Bad configs fail before any work starts, naming the key; overrides and defaults work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rayfl.config import ConfigError, load_config
+
+
+def write_job(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "job.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_default_config_is_the_default_job():
+    cfg = load_config()
+    assert cfg.data.dataset == "synthetic"
+    assert cfg.partition.num_clients == 100
+    assert cfg.algorithm.name == "fedavg"
+
+
+def test_overrides_parse_yaml_values(tmp_path):
+    job = write_job(tmp_path, "algorithm: {name: fedprox, mu: 0.1}\nmodel: {name: mlp}\n")
+    cfg = load_config(job, ["algorithm.lr=0.2", "model.hidden=[16, 8]", "engine.num_hosts=3", "data.max_samples=null"])
+    assert cfg.algorithm.name == "fedprox"
+    assert cfg.algorithm.mu == 0.1
+    assert cfg.algorithm.lr == 0.2
+    assert cfg.model.hidden == [16, 8]
+    assert cfg.engine.num_hosts == 3
+
+
+def test_int_accepted_for_float_field():
+    cfg = load_config(None, ["algorithm.lr=1"])
+    assert isinstance(cfg.algorithm.lr, float)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "hint"),
+    [
+        (["algorithm.learning_rate=0.1"], "algorithm.learning_rate", "allowed keys"),  # unknown key
+        (["algorithm.lr=fast"], "algorithm.lr", "expected a number"),  # wrong type
+        (["algorithm.name=fedsgdx"], "algorithm.name", "fedavg"),  # unknown algorithm
+        (["data.dataset=imagenet"], "data.dataset", "mnist"),  # unknown dataset
+        (["partition.num_clients=-5"], "partition.num_clients", "> 0"),  # negative count
+        (["partition.alpha=0"], "partition.alpha", "> 0"),  # alpha <= 0
+        (["run.rounds=2.5"], "run.rounds", "integer"),  # non-integer count
+        (["engine.clients_per_host=many"], "engine.clients_per_host", "auto"),  # bad union
+        (["algorithm.local_steps=5"], "algorithm.local_steps", "exactly one"),  # both set
+        (["algorithm.clients_per_round=500"], "algorithm.clients_per_round", "num_clients"),
+        (["training.lr=0.1"], "training", "allowed sections"),  # unknown section
+        (["data.dataset=digits"], "partition.method", "natural"),  # natural needs synthetic
+        (["data.split=random"], "data.split", "pooled"),  # bad literal
+        (["data.dataset=mnist", "partition.method=iid", "data.download=false", "data.data_dir=/nonexistent/x"], "data.data_dir", "does not exist"),
+        (["algorithm.mu=-1", "algorithm.name=fedprox"], "algorithm.mu", ">= 0"),
+    ],
+)
+def test_bad_values_name_the_key(overrides, key, hint):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides)
+    assert e.value.key == key
+    assert hint in str(e.value)
+
+
+def test_missing_job_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="nope.yaml"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_unknown_key_in_file(tmp_path):
+    job = write_job(tmp_path, "partition:\n  method: dirichlet\n  alhpa: 0.3\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(job, ["data.dataset=digits"])
+    assert e.value.key == "partition.alhpa"
+    assert "alpha" in str(e.value)
+
+
+def test_bad_config_fails_before_ray_starts(tmp_path, capsys):
+    """The CLI reports the key and exits 2 without ever initialising Ray."""
+    import ray
+
+    from rayfl.cli import main
+
+    was = ray.is_initialized()
+    job = write_job(tmp_path, "algorithm:\n  name: fedavg\n  lr: -0.5\n")
+    assert main(["run", str(job)]) == 2
+    err = capsys.readouterr().err
+    assert "algorithm.lr" in err
+    assert ray.is_initialized() == was
+
+
+def test_shipped_jobs_validate():
+    jobs = sorted((Path(__file__).resolve().parents[1] / "jobs").glob("*.yaml"))
+    assert jobs, "no jobs/*.yaml shipped"
+    for job in jobs:
+        load_config(job, ["data.download=true"])  # the data dir may be absent on a user machine

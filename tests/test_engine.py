@@ -1,0 +1,105 @@
+"""Engine pieces: placement, byte accounting, client batches, the system model, the host."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rayfl.config import EngineConfig, ModelConfig, SystemConfig
+from rayfl.engine.context import ClientContext
+from rayfl.engine.host import ClientHostImpl
+from rayfl.engine.payload import payload_nbytes
+from rayfl.engine.placement import plan_placement
+from rayfl.engine.system import SystemModel, forward_flops_per_sample
+from rayfl.models import build_model
+
+
+def test_placement_auto_packs_one_host_per_cpu():
+    p = plan_placement(EngineConfig(), 10_000, {"CPU": 2.0})
+    assert p.num_hosts == 2
+    assert sorted(np.concatenate(p.assignment).tolist()) == list(range(10_000))
+    assert p.host_of()[9_999] == 1
+
+
+def test_placement_one_actor_per_client_and_gpu_shares():
+    assert plan_placement(EngineConfig(clients_per_host=1), 7, {"CPU": 2.0}).num_hosts == 7
+    assert plan_placement(EngineConfig(clients_per_host=3), 7, {"CPU": 2.0}).num_hosts == 3
+    gpu = plan_placement(EngineConfig(num_gpus_per_host=0.25), 100, {"CPU": 8.0, "GPU": 2.0})
+    assert gpu.num_hosts == 8 and gpu.num_gpus == 0.25
+    with pytest.raises(ValueError, match="no GPU"):
+        plan_placement(EngineConfig(num_gpus_per_host=0.5), 10, {"CPU": 2.0})
+    assert plan_placement(EngineConfig(num_hosts=50), 10, {"CPU": 2.0}).num_hosts == 10
+
+
+def test_payload_bytes_are_measured_not_assumed():
+    model = np.zeros(1000, dtype=np.float32)
+    assert payload_nbytes({"delta": model, "loss": 0.5}) == 4008
+    assert payload_nbytes({"seed": 7, "f_plus": 1.0, "f_minus": 2.0}) == 24
+    assert payload_nbytes(torch.zeros(10, dtype=torch.float64)) == 80
+    with pytest.raises(TypeError):
+        payload_nbytes(object())
+
+
+def _ctx(n: int = 10, round: int = 0, cid: int = 3) -> ClientContext:
+    model = torch.nn.Linear(2, 2)
+    return ClientContext(
+        id=cid, round=round, seed=42, model=model, device=torch.device("cpu"),
+        x=torch.arange(n, dtype=torch.float32).reshape(n, 1).repeat(1, 2), y=torch.arange(n) % 2,
+        test_x=None, test_y=None, state={},
+    )
+
+
+def test_batches_cover_each_epoch_once_and_are_seeded():
+    seen = [int(xb[i, 0]) for xb, _ in _ctx().batches(4, epochs=2) for i in range(len(xb))]
+    assert len(seen) == 20 and sorted(seen[:10]) == list(range(10)) and sorted(seen[10:]) == list(range(10))
+    again = [int(xb[i, 0]) for xb, _ in _ctx().batches(4, epochs=2) for i in range(len(xb))]
+    other_round = [int(xb[i, 0]) for xb, _ in _ctx(round=1).batches(4, epochs=2) for i in range(len(xb))]
+    assert seen == again and seen != other_round
+
+
+def test_batches_by_steps_clip_batch_to_client_size():
+    batches = list(_ctx(n=5).batches(32, steps=3))
+    assert len(batches) == 3 and all(len(b[1]) == 5 for b in batches)
+    assert list(_ctx(n=0).batches(4, steps=3)) == []
+
+
+def test_system_model_charges_work_bytes_and_latency():
+    cfg = SystemConfig(compute_speed=1e6, backward_cost=3.0, up_bandwidth=100.0, down_bandwidth=200.0, latency=0.5)
+    sm = SystemModel(cfg, num_clients=4, forward_flops=1000.0, seed=0)
+    t = sm.timing(client=2, forward_samples=10, backward_samples=100, bytes_down=400, bytes_up=100)
+    assert t.compute == pytest.approx(1000.0 * (10 + 300) / 1e6)
+    assert t.download == pytest.approx(2.0) and t.upload == pytest.approx(1.0)
+    assert t.total == pytest.approx(t.compute + 3.5)
+    slow = SystemModel(SystemConfig(speed_distribution="lognormal", speed_sigma=1.0), 1000, 1.0, seed=5)
+    assert np.median(slow.speed) == pytest.approx(SystemConfig().compute_speed, rel=0.15)
+    assert np.array_equal(slow.speed, SystemModel(SystemConfig(speed_distribution="lognormal", speed_sigma=1.0), 1000, 1.0, seed=5).speed)
+
+
+def test_forward_flops_counts_linear_layers():
+    model = build_model(ModelConfig(name="mlp", hidden=[20]), (1, 8, 8), 10)
+    assert forward_flops_per_sample(model, (1, 8, 8)) == pytest.approx(2 * (64 * 20 + 20 * 10))
+
+
+def count_and_remember(ctx: ClientContext, scale: float) -> dict:
+    ctx.work.forward(ctx.num_samples)
+    calls = ctx.state.get("calls", 0) + 1
+    ctx.state["calls"] = calls
+    return {"mean_x": ctx.x.mean() * scale, "calls": calls, "noise": ctx.rng("noise").normal()}
+
+
+def test_host_runs_clients_in_id_order_and_keeps_state():
+    x = np.random.default_rng(0).normal(size=(30, 4)).astype(np.float32)
+    arrays = {"train_x": x, "train_y": np.zeros(30, dtype=np.int64), "test_x": x[:2], "test_y": np.zeros(2, dtype=np.int64)}
+    train = {0: np.arange(0, 10), 5: np.arange(10, 30)}
+    host = ClientHostImpl(0, arrays, train, None, ModelConfig(), (4,), 2, seed=1)
+    recs = host.run(count_and_remember, [5, 0], 0, {"scale": 2.0})
+    assert [r["client"] for r in recs] == [0, 5]
+    assert recs[1]["num_samples"] == 20 and recs[1]["forward_samples"] == 20
+    assert np.isclose(recs[0]["values"]["mean_x"], 2.0 * x[:10].mean())
+    assert recs[0]["bytes_down"] == 8 and recs[0]["bytes_up"] == 4 + 8 + 8
+    again = host.run(count_and_remember, [0], 0, {"scale": 2.0})
+    assert again[0]["values"]["calls"] == 2
+    assert again[0]["values"]["noise"] == recs[0]["values"]["noise"]  # same (seed, purpose, round, client)
+    with pytest.raises(KeyError):
+        host.run(count_and_remember, [1], 0, {"scale": 1.0})
