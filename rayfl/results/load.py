@@ -1,0 +1,150 @@
+"""Read one run, an experiment or a whole results root into pandas DataFrames.
+
+Part files are read one at a time and concatenated with pandas, so runs written by different
+rayfl versions (different columns) still load together: the result has the union of columns.
+Only complete part files are read (`*.parquet`, never the writer's dot-named temp files), so
+loading a run that is still being written, or that crashed, is safe.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow.parquet as pq
+
+from rayfl.results.writer import RunWriter
+
+KEYS = ["experiment", "run_id"]
+
+
+@dataclass
+class Results:
+    """Every table of every run found, plus one manifest row per run.
+
+    `manifests` has experiment, run_id, status, run_dir, the manifest's other scalar fields,
+    nested fields flattened with dots ("summary.test_accuracy", "versions.torch"), and the
+    run's config flattened without a prefix ("algorithm.name", "model.hidden"); list values
+    are stored as their JSON text so the column can be grouped on."""
+
+    rounds: pd.DataFrame
+    clients: pd.DataFrame
+    evals: pd.DataFrame
+    manifests: pd.DataFrame
+
+    def table(self, name: str) -> pd.DataFrame:
+        """A table by name (one of `RunWriter.TABLES`)."""
+        if name not in RunWriter.TABLES:
+            raise ValueError(f"unknown table {name!r}; tables are {list(RunWriter.TABLES)}")
+        return getattr(self, name)
+
+
+def load(path: str | Path = "results") -> Results:
+    """Load every run at or below `path` (a run directory, an experiment or a results root)."""
+    root = Path(path).expanduser()
+    run_dirs = find_runs(root)
+    manifests = []
+    tables: dict[str, list[pd.DataFrame]] = {t: [] for t in RunWriter.TABLES}
+    for run_dir in run_dirs:
+        manifest = read_manifest(run_dir)
+        experiment = str(manifest.get("experiment") or run_dir.parent.name)
+        run_id = str(manifest.get("run_id") or run_dir.name)
+        manifests.append(manifest_row(manifest, experiment, run_id, run_dir))
+        for table in RunWriter.TABLES:
+            frame = read_table(run_dir / table)
+            if len(frame):
+                tables[table].append(_with_keys(frame, experiment, run_id))
+    return Results(
+        rounds=_concat(tables["rounds"]),
+        clients=_concat(tables["clients"]),
+        evals=_concat(tables["evals"]),
+        manifests=pd.DataFrame(manifests),
+    )
+
+
+def find_runs(root: Path) -> list[Path]:
+    """Run directories (those holding a manifest.json) at or below `root`, in path order."""
+    if not root.exists():
+        raise FileNotFoundError(f"no results at {root}: the path does not exist")
+    if (root / "manifest.json").is_file():
+        return [root]
+    runs = sorted(p.parent for p in root.rglob("manifest.json") if p.is_file())
+    if not runs:
+        raise FileNotFoundError(
+            f"no runs under {root}: expected <experiment>/<run_id>/manifest.json below it "
+            "(pass a run directory, an experiment directory or the results root)"
+        )
+    return runs
+
+
+def read_manifest(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{path} must hold a JSON object")
+    return manifest
+
+
+def read_table(table_dir: Path) -> pd.DataFrame:
+    """All complete part files of one table of one run, in part order (empty if none)."""
+    if not table_dir.is_dir():
+        return pd.DataFrame()
+    parts = sorted(p for p in table_dir.glob("*.parquet") if not p.name.startswith((".", "_")))
+    frames = [pq.read_table(p).to_pandas() for p in parts]
+    return _concat_frames([f for f in frames if len(f)])
+
+
+def manifest_row(manifest: Mapping[str, Any], experiment: str, run_id: str, run_dir: Path) -> dict[str, Any]:
+    """One flat row describing a run (see `Results`)."""
+    row: dict[str, Any] = {
+        "experiment": experiment,
+        "run_id": run_id,
+        "status": manifest.get("status"),
+        "run_dir": str(run_dir),
+    }
+    for key, value in manifest.items():
+        if key in row or key == "config":
+            continue
+        row.update(flatten(value, key))
+    config = manifest.get("config")
+    if isinstance(config, Mapping):
+        row.update(flatten(config))
+    return row
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested mappings to dotted keys; lists to JSON text; scalars as they are."""
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for key, sub in value.items():
+            out.update(flatten(sub, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    if isinstance(value, list):
+        value = json.dumps(value)
+    return {prefix: value}
+
+
+def _with_keys(frame: pd.DataFrame, experiment: str, run_id: str) -> pd.DataFrame:
+    rest = frame.drop(columns=[c for c in KEYS if c in frame.columns])
+    keys = pd.DataFrame({"experiment": experiment, "run_id": run_id}, index=rest.index)
+    return pd.concat([keys, rest], axis=1)
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    out = _concat_frames(frames)
+    return out if len(out.columns) else pd.DataFrame(columns=KEYS)
+
+
+def _concat_frames(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    if not frames:
+        return pd.DataFrame()
+    if len(frames) == 1:
+        return frames[0].reset_index(drop=True)
+    return pd.concat(frames, ignore_index=True, sort=False)

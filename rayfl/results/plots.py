@@ -1,0 +1,217 @@
+"""Figures and tables for `rayfl report`, drawn from a loaded `Results`.
+
+Figures are rendered with matplotlib's Agg canvas on a `Figure` object rather than through
+pyplot, so plotting needs no display (cluster head nodes) and never switches the backend of a
+notebook that imports rayfl. Every function writes one PNG (or whatever `path`'s suffix names)
+and returns its path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_rgba
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from rayfl.config import SECTIONS
+from rayfl.results.load import Results
+
+GLOBAL_CLIENT = -1  # `evals` rows of the global model carry client -1
+RUN = ["experiment", "run_id"]  # run ids are unique only within an experiment
+
+
+def metric_frame(results: Results, y: str, x: str = "round") -> pd.DataFrame:
+    """Columns experiment, run_id, x, y: one point per run and x, from `evals` if it has `y`,
+    else `rounds`.
+
+    Where a run logged `y` for the global model (client -1) only those rows are used;
+    otherwise (per-client metrics only, e.g. personalized models) the clients' mean at each x.
+    Rows where x or y is missing are dropped."""
+    source = results.evals if y in results.evals.columns else results.rounds
+    if y not in source.columns:
+        available = sorted(set(results.evals.columns) | set(results.rounds.columns))
+        raise ValueError(f"no column {y!r} in evals or rounds; available: {available}")
+    if x not in source.columns:
+        raise ValueError(f"no column {x!r} next to {y!r}; available: {sorted(source.columns)}")
+    frame = source[[*RUN, x, y] + (["client"] if "client" in source.columns else [])]
+    frame = frame[frame[x].notna() & frame[y].notna()]
+    if "client" in frame.columns:
+        is_global = frame["client"] == GLOBAL_CLIENT
+        has_global = is_global.groupby([frame[k] for k in RUN]).transform("any")
+        frame = frame[is_global | ~has_global]
+    frame = frame.astype({y: "float64"})
+    return frame.groupby([*RUN, x], as_index=False, sort=True)[y].mean()
+
+
+def run_labels(results: Results, by: str = "algorithm.name") -> dict[tuple[str, str], str]:
+    """A legend label per (experiment, run_id): the manifest column `by` if it exists, else the
+    run id. Labels that would repeat get the run id (then the experiment) appended, so every
+    line stays identifiable."""
+    m = results.manifests
+    keys = [(str(e), str(r)) for e, r in zip(m["experiment"], m["run_id"], strict=True)]
+    values = m[by] if by in m.columns else m["run_id"]
+    labels = {k: str(v) if pd.notna(v) else k[1] for k, v in zip(keys, values, strict=True)}
+    for widen in (lambda k, lab: lab if lab == k[1] else f"{lab} ({k[1]})", lambda k, lab: f"{k[0]}/{lab}"):
+        counts = pd.Series(list(labels.values())).value_counts()
+        labels = {k: widen(k, lab) if counts[lab] > 1 else lab for k, lab in labels.items()}
+    return labels
+
+
+def plot_curves(
+    results: Results,
+    y: str,
+    x: str = "round",
+    by: str = "algorithm.name",
+    *,
+    path: str | Path,
+    title: str | None = None,
+) -> Path:
+    """One line of `y` against `x` per run (see `metric_frame` for which rows count)."""
+    data = metric_frame(results, y, x)
+    if data.empty:
+        raise ValueError(f"no values of {y!r} to plot")
+    labels = run_labels(results, by)
+    fig = _figure((7.0, 4.5))
+    ax = fig.add_subplot()
+    for (experiment, run_id), curve in data.groupby(RUN, sort=True):
+        key = (str(experiment), str(run_id))
+        ax.plot(curve[x], curve[y], marker="o" if len(curve) < 20 else None, markersize=3,
+                label=labels.get(key, str(run_id)))
+    ax.set_xlabel(x.replace("_", " "))
+    ax.set_ylabel(y.replace("_", " "))
+    ax.set_title(title or f"{y} by {x}")
+    ax.grid(True, alpha=0.3)
+    ax.legend(title=by if by in results.manifests.columns else "run", fontsize="small")
+    return _save(fig, path)
+
+
+def plot_client_timeline(
+    results: Results,
+    run_id: str,
+    rounds: Sequence[int] | None = None,
+    *,
+    path: str | Path,
+    experiment: str | None = None,
+) -> Path:
+    """A Gantt chart of client tasks in simulated time: one row per client, one bar per task
+    from `dispatch_time` to `finish_time`, coloured by `outcome` when the column exists, and a
+    dotted line where each round's last task finished. `experiment` is needed only when the
+    same run id occurs in several loaded experiments."""
+    clients = results.clients
+    needed = {"run_id", "client", "round", "dispatch_time", "finish_time"}
+    missing = needed - set(clients.columns)
+    if missing:
+        raise ValueError(f"the clients table lacks {sorted(missing)}; was output.log_clients off?")
+    tasks = clients[clients["run_id"] == run_id]
+    if experiment is not None:
+        tasks = tasks[tasks["experiment"] == experiment]
+    elif tasks["experiment"].nunique() > 1:
+        raise ValueError(f"run {run_id!r} exists in experiments {sorted(tasks['experiment'].unique())}; pass experiment=")
+    if rounds is not None:
+        tasks = tasks[tasks["round"].isin(list(rounds))]
+    tasks = tasks.dropna(subset=["client", "dispatch_time", "finish_time"])
+    if tasks.empty:
+        raise ValueError(f"no client tasks for run {run_id!r}" + (f" in rounds {list(rounds)}" if rounds is not None else ""))
+
+    outcome = tasks["outcome"].fillna("?").astype(str) if "outcome" in tasks.columns else pd.Series("task", index=tasks.index)
+    n_clients = tasks["client"].nunique()
+    fig = _figure((9.0, min(2.0 + 0.22 * n_clients, 14.0)))
+    ax = fig.add_subplot()
+    palette = _palette(sorted(outcome.unique(), key=lambda o: (o != "ok", o)))
+    for name, colour in palette.items():
+        sel = tasks[outcome == name]
+        ax.barh(
+            sel["client"].to_numpy(dtype=float),
+            (sel["finish_time"] - sel["dispatch_time"]).to_numpy(dtype=float),
+            left=sel["dispatch_time"].to_numpy(dtype=float),
+            height=0.8,
+            color=colour,
+            edgecolor="none",
+            label=name,
+        )
+    for end in tasks.groupby("round")["finish_time"].max():
+        ax.axvline(float(end), color="0.4", linestyle=":", linewidth=0.8)
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel("client")
+    which = "" if rounds is None else f", rounds {_span(rounds)}"
+    ax.set_title(f"client tasks of {run_id}{which}")
+    ax.invert_yaxis()
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(title="outcome" if "outcome" in tasks.columns else None, fontsize="small",
+              loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _save(fig, path)
+
+
+def summary_table(
+    results: Results,
+    metric: str = "test_accuracy",
+    x: str = "round",
+    mode: Literal["max", "min"] | None = None,
+) -> pd.DataFrame:
+    """One row per run: experiment, run_id, algorithm.name, status, the config keys that differ
+    between the runs, and the metric's final value, best value and where the best occurred.
+
+    `mode` says whether best means max or min; by default min for names containing "loss" or
+    "error", max otherwise. Runs that never logged the metric get NaN; a metric no run logged
+    raises ValueError (a typo should not look like an empty result)."""
+    if mode is None:
+        mode = "min" if any(w in metric for w in ("loss", "error")) else "max"
+    m = results.manifests
+    config_cols = [c for c in m.columns if c.split(".", 1)[0] in SECTIONS and "." in c]
+    varying = [c for c in config_cols if m[c].astype(str).nunique(dropna=False) > 1]
+    front = [c for c in ("experiment", "run_id", "algorithm.name", "status") if c in m.columns]
+    table = m[front + [c for c in varying if c not in front]].copy()
+
+    data = metric_frame(results, metric, x)
+    rows = []
+    for (experiment, run_id), curve in data.groupby(RUN, sort=False):
+        curve = curve.sort_values(x)
+        best_at = curve[metric].idxmax() if mode == "max" else curve[metric].idxmin()
+        rows.append({
+            "experiment": experiment,
+            "run_id": run_id,
+            f"final_{metric}": float(curve[metric].iloc[-1]),
+            f"{mode}_{metric}": float(curve.loc[best_at, metric]),
+            f"{mode}_{metric}_{x}": curve.loc[best_at, x],
+            f"last_{x}": curve[x].iloc[-1],
+        })
+    stats = pd.DataFrame(rows, columns=[*RUN, f"final_{metric}", f"{mode}_{metric}", f"{mode}_{metric}_{x}", f"last_{x}"])
+    if "wall_seconds" in m.columns:
+        table["wall_seconds"] = m["wall_seconds"]
+    return table.merge(stats, on=RUN, how="left").reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _figure(size: tuple[float, float]) -> Figure:
+    fig = Figure(figsize=size, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig: Figure, path: str | Path) -> Path:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    return out
+
+
+def _palette(names: Sequence[str]) -> dict[str, tuple[float, ...]]:
+    fixed = {"ok": "tab:blue", "late": "tab:orange", "dropped": "tab:red", "failed": "tab:gray"}
+    spare = iter(["tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan"] * 4)
+    return {n: to_rgba(fixed.get(n) or next(spare)) for n in names}
+
+
+def _span(rounds: Sequence[int]) -> str:
+    values = sorted(int(r) for r in rounds)
+    if values and values == list(range(values[0], values[-1] + 1)) and len(values) > 2:
+        return f"{values[0]}-{values[-1]}"
+    return ", ".join(str(v) for v in values)
+
