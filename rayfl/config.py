@@ -214,31 +214,123 @@ class EngineConfig:
 
 
 @dataclass
-class SystemConfig:
-    """The simple device / network model behind the simulated clock.
+class Distribution:
+    """A seeded per-client distribution. `value` is the constant, the lognormal median or the
+    Pareto minimum; `sigma` the lognormal log-std; `shape` the Pareto tail index (heavier tails
+    for smaller shape, infinite variance below 2); `low`/`high` bound a uniform; `tiers` draws
+    one of `values` with probabilities `probs`. In YAML a bare number means a constant."""
 
-    A task takes work / compute_speed + bytes_down / down_bandwidth + bytes_up / up_bandwidth +
-    latency simulated seconds, with compute_speed in FLOP/s (1e9: a phone-class effective rate),
-    bandwidths in bytes/s and latency in s. Work counts the FLOPs of the samples actually
-    processed; a forward+backward pass costs `backward_cost` forward passes. Speeds are per
-    client, drawn from `speed_distribution` (lognormal keeps compute_speed as the median).
+    dist: Literal["constant", "uniform", "lognormal", "pareto", "tiers"] = "constant"
+    value: float = 1.0
+    sigma: float = 0.5
+    shape: float = 1.5
+    low: float = 0.5
+    high: float = 1.5
+    values: list[float] = field(default_factory=list)
+    probs: list[float] = field(default_factory=list)
+
+    def validate_as(self, key: str) -> None:
+        if not self.value > 0:
+            raise ConfigError(f"{key}.value", f"must be > 0, got {self.value}")
+        if self.dist == "lognormal" and self.sigma < 0:
+            raise ConfigError(f"{key}.sigma", f"must be >= 0, got {self.sigma}")
+        if self.dist == "pareto" and not self.shape > 0:
+            raise ConfigError(f"{key}.shape", f"the Pareto tail index must be > 0, got {self.shape}")
+        if self.dist == "uniform" and not 0 < self.low <= self.high:
+            raise ConfigError(f"{key}.low", f"need 0 < low <= high, got low={self.low}, high={self.high}")
+        if self.dist == "tiers":
+            if not self.values or len(self.values) != len(self.probs):
+                raise ConfigError(f"{key}.values", "tiers need `values` and `probs` of equal, non-zero length")
+            if any(v <= 0 for v in self.values):
+                raise ConfigError(f"{key}.values", "tier values must be > 0")
+            if any(p < 0 for p in self.probs) or abs(sum(self.probs) - 1.0) > 1e-6:
+                raise ConfigError(f"{key}.probs", f"must be >= 0 and sum to 1, got {self.probs}")
+
+
+def constant(value: float) -> Distribution:
+    return Distribution("constant", value)
+
+
+@dataclass
+class Tier:
+    """Explicit tier: a seeded random `fraction` of clients has its speed multiplied by
+    `speed_factor` (e.g. fraction 0.1, speed_factor 0.1: 10% of clients are 10x slower)."""
+
+    fraction: float = 0.1
+    speed_factor: float = 0.1
+
+
+@dataclass
+class Availability:
+    """When clients are online. `always`; `periodic`: each client is online for
+    `online_fraction` of every `period` simulated seconds, with a seeded random phase; `trace`:
+    the intervals in `system.trace` (columns available_from, available_to)."""
+
+    kind: Literal["always", "periodic", "trace"] = "always"
+    period: float = 3600.0
+    online_fraction: float = 0.5
+
+
+@dataclass
+class SystemConfig:
+    """The device / network model behind the simulated clock, and the round policy.
+
+    A client task takes flops / speed + bytes_down / down_bandwidth + bytes_up / up_bandwidth +
+    latency simulated seconds: speed in FLOP/s (1e9: a phone-class effective rate), bandwidths
+    in bytes/s, latency in s. FLOPs are those of the samples the client actually processed; a
+    forward+backward pass costs `backward_cost` forward passes (zeroth-order evaluations are
+    forward only). Profiles are drawn per client from the distributions, or read from `trace`
+    (CSV or Parquet with a `client` column and any of speed, up_bandwidth, down_bandwidth,
+    latency, dropout, available_from, available_to; one row per availability interval).
+
+    Policies for synchronous rounds (`fed.call`): `sync` waits for every selected client;
+    `deadline` closes the round `deadline` simulated seconds after dispatch, and late clients are
+    dropped (`late_policy: drop`) or stop local work in time and send what they have
+    (`partial`); `over_selection` selects ceil((1 + over_selection) K) and keeps the first K to
+    finish. `dropout` is each task's probability of failing mid-way (never applied).
+    Asynchronous algorithms (fedasync, fedbuff) order arrivals on the same clock.
     """
 
-    compute_speed: float = 1e9
-    speed_distribution: Literal["constant", "lognormal"] = "constant"
-    speed_sigma: float = 0.5
+    speed: Distribution = field(default_factory=lambda: constant(1e9))
+    up_bandwidth: Distribution = field(default_factory=lambda: constant(1.25e6))
+    down_bandwidth: Distribution = field(default_factory=lambda: constant(2.5e6))
+    latency: Distribution = field(default_factory=lambda: constant(0.05))
+    tiers: list[Tier] = field(default_factory=list)
     backward_cost: float = 3.0
-    up_bandwidth: float = 1.25e6
-    down_bandwidth: float = 2.5e6
-    latency: float = 0.05
+    dropout: float = 0.0
+    availability: Availability = field(default_factory=Availability)
+    trace: str | None = None
+    policy: Literal["sync", "deadline", "over_selection"] = "sync"
+    deadline: float | None = None
+    late_policy: Literal["drop", "partial"] = "drop"
+    over_selection: float = 0.3
 
     def validate(self) -> None:
-        _positive_float("system.compute_speed", self.compute_speed)
-        _non_negative("system.speed_sigma", self.speed_sigma)
+        for name in ("speed", "up_bandwidth", "down_bandwidth"):
+            getattr(self, name).validate_as(f"system.{name}")
+        if not (self.latency.dist == "constant" and self.latency.value == 0):  # zero latency is allowed
+            self.latency.validate_as("system.latency")
+        for i, t in enumerate(self.tiers):
+            _fraction(f"system.tiers[{i}].fraction", t.fraction, open_left=False)
+            _positive_float(f"system.tiers[{i}].speed_factor", t.speed_factor)
+        if sum(t.fraction for t in self.tiers) > 1 + 1e-9:
+            raise ConfigError("system.tiers", "tier fractions must sum to at most 1")
         _positive_float("system.backward_cost", self.backward_cost)
-        _positive_float("system.up_bandwidth", self.up_bandwidth)
-        _positive_float("system.down_bandwidth", self.down_bandwidth)
-        _non_negative("system.latency", self.latency)
+        _fraction("system.dropout", self.dropout, open_left=False)
+        _positive_float("system.availability.period", self.availability.period)
+        _fraction("system.availability.online_fraction", self.availability.online_fraction)
+        if self.availability.kind == "trace" and self.trace is None:
+            raise ConfigError("system.availability.kind", "'trace' needs system.trace (a CSV or Parquet file)")
+        if self.trace is not None:
+            path = Path(self.trace).expanduser()
+            if path.suffix.lower() not in (".csv", ".parquet", ".pq"):
+                raise ConfigError("system.trace", f"{path} must be a .csv or .parquet file")
+            if not path.is_file():
+                raise ConfigError("system.trace", f"file {path} does not exist")
+        if self.policy == "deadline" and (self.deadline is None or not self.deadline > 0):
+            raise ConfigError("system.deadline", "policy 'deadline' needs system.deadline > 0 (simulated seconds)")
+        if self.over_selection < 0:
+            raise ConfigError("system.over_selection", f"must be >= 0, got {self.over_selection}")
 
 
 @dataclass
@@ -322,8 +414,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 def apply_override(raw: dict[str, Any], item: str) -> None:
-    """Apply one `section.key=value` override; the value is parsed as YAML (so 0.1, true, null,
-    [64, 64] work)."""
+    """Apply one `section.key=value` (or `section.key.sub=value`) override; the value is parsed
+    as YAML (so 0.1, true, null, [64, 64], {dist: pareto, shape: 1.2} work)."""
     if "=" not in item:
         raise ConfigError(item, "an override must look like section.key=value")
     dotted, _, text = item.partition("=")
@@ -334,10 +426,19 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
         value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError as e:
         raise ConfigError(dotted, f"cannot parse value {text!r}: {e}") from e
-    sec = raw.setdefault(section, {})
-    if not isinstance(sec, dict):
+    node = raw.setdefault(section, {})
+    if not isinstance(node, dict):
         raise ConfigError(section, "must be a mapping")
-    sec[key] = value
+    *parents, leaf = key.split(".")
+    for i, part in enumerate(parents):
+        child = node.get(part)
+        if child is None or isinstance(child, (int, float)):
+            child = {} if child is None else {"dist": "constant", "value": child}
+            node[part] = child
+        if not isinstance(child, dict):
+            raise ConfigError(f"{section}.{'.'.join(parents[: i + 1])}", "is not a mapping, so it has no sub-keys")
+        node = child
+    node[leaf] = value
 
 
 def config_from_dict(raw: Mapping[str, Any]) -> Config:
@@ -409,9 +510,10 @@ def coerce(key: str, value: Any, hint: Any) -> Any:
             return int(value)
         raise ConfigError(key, f"got {value!r}; expected an integer")
     if hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise ConfigError(key, f"got {value!r}; expected a number")
+        number = _as_number(value)
+        if number is None:
+            raise ConfigError(key, f"got {value!r}; expected a number")
+        return number
     if hint is str:
         if isinstance(value, str):
             return value
@@ -420,7 +522,30 @@ def coerce(key: str, value: Any, hint: Any) -> Any:
         raise ConfigError(key, f"got {value!r}; expected a string")
     if hint is Any:
         return value
+    if dataclasses.is_dataclass(hint):
+        if hint is Distribution and _as_number(value) is not None:
+            return constant(_as_number(value))  # a bare number is a constant distribution
+        if isinstance(value, hint):
+            return value
+        if not isinstance(value, Mapping):
+            raise ConfigError(key, f"got {value!r}; expected a mapping with keys {[f.name for f in dataclasses.fields(hint)]}")
+        return build_section(hint, value, key)
     raise ConfigError(key, f"unsupported type {hint}")
+
+
+def _as_number(value: Any) -> float | None:
+    """A float from a YAML number, or from a numeric string (PyYAML reads 5.0e7, without an
+    exponent sign, as a string)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
 
 
 def _describe(hint: Any) -> str:

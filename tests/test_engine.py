@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from rayfl.config import EngineConfig, ModelConfig, SystemConfig
+from rayfl.config import Distribution, EngineConfig, ModelConfig, SystemConfig, constant
 from rayfl.engine.context import ClientContext
 from rayfl.engine.host import ClientHostImpl
 from rayfl.engine.payload import payload_nbytes
@@ -65,15 +65,18 @@ def test_batches_by_steps_clip_batch_to_client_size():
 
 
 def test_system_model_charges_work_bytes_and_latency():
-    cfg = SystemConfig(compute_speed=1e6, backward_cost=3.0, up_bandwidth=100.0, down_bandwidth=200.0, latency=0.5)
+    cfg = SystemConfig(speed=constant(1e6), backward_cost=3.0, up_bandwidth=constant(100.0),
+                       down_bandwidth=constant(200.0), latency=constant(0.5))
     sm = SystemModel(cfg, num_clients=4, forward_flops=1000.0, seed=0)
     t = sm.timing(client=2, forward_samples=10, backward_samples=100, bytes_down=400, bytes_up=100)
     assert t.compute == pytest.approx(1000.0 * (10 + 300) / 1e6)
     assert t.download == pytest.approx(2.0) and t.upload == pytest.approx(1.0)
     assert t.total == pytest.approx(t.compute + 3.5)
-    slow = SystemModel(SystemConfig(speed_distribution="lognormal", speed_sigma=1.0), 1000, 1.0, seed=5)
-    assert np.median(slow.speed) == pytest.approx(SystemConfig().compute_speed, rel=0.15)
-    assert np.array_equal(slow.speed, SystemModel(SystemConfig(speed_distribution="lognormal", speed_sigma=1.0), 1000, 1.0, seed=5).speed)
+    lognormal = SystemConfig(speed=Distribution("lognormal", 1e9, sigma=1.0))
+    slow = SystemModel(lognormal, 1000, 1.0, seed=5)
+    assert np.median(slow.speed) == pytest.approx(1e9, rel=0.15)
+    assert np.array_equal(slow.speed, SystemModel(lognormal, 1000, 1.0, seed=5).speed)
+    assert not np.array_equal(slow.speed, SystemModel(lognormal, 1000, 1.0, seed=6).speed)
 
 
 def test_forward_flops_counts_linear_layers():

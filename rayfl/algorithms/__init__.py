@@ -1,5 +1,6 @@
 """The algorithm registry: `algorithm.name` in a job picks one of these."""
 
+from rayfl.algorithms.asynchronous import FedAsyncConfig, FedBuffConfig, run_fedasync, run_fedbuff
 from rayfl.algorithms.base import Algorithm
 from rayfl.algorithms.fedavg import (
     FedAvgConfig,
@@ -15,6 +16,8 @@ ALGORITHMS: dict[str, Algorithm] = {
         Algorithm("fedavg", FedAvgConfig, run_fedavg, "FedAvg, sample-size weighted (McMahan et al. 2017)"),
         Algorithm("fedprox", FedProxConfig, run_fedavg, "FedProx, proximal local objective (Li et al. 2020)"),
         Algorithm("scaffold", ScaffoldConfig, run_scaffold, "SCAFFOLD option II control variates (Karimireddy et al. 2020)"),
+        Algorithm("fedasync", FedAsyncConfig, run_fedasync, "FedAsync, staleness-weighted mixing (Xie et al. 2019)"),
+        Algorithm("fedbuff", FedBuffConfig, run_fedbuff, "FedBuff, buffered asynchronous aggregation (Nguyen et al. 2022)"),
     ]
 }
 

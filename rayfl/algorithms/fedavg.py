@@ -138,10 +138,12 @@ def run_fedavg(fed: Federation, cfg: FedAvgConfig, run: RunConfig) -> dict[str, 
             ids, fedavg_client, round=r, params=x, lr=cfg.lr, schedule=schedule,
             weight_decay=cfg.weight_decay, prox_mu=prox_mu,
         )
-        weights = fed.client_weights(ids, cfg.weighting)
-        x = (x + cfg.server_lr * weighted_mean(results, "delta", weights)).astype(np.float32)
-        check_finite(x, r)
-        metrics = round_metrics(fed, results, weights)
+        metrics = {"num_updates": 0}
+        if results:  # late and failed clients are not in `results`: never applied
+            weights = fed.client_weights([res.client for res in results], cfg.weighting)
+            x = (x + cfg.server_lr * weighted_mean(results, "delta", weights)).astype(np.float32)
+            check_finite(x, r)
+            metrics = round_metrics(fed, results, weights)
         metrics.update(evaluate_if_due(fed, x, r, run))
         fed.log_round(r, **metrics)
     return {"final_params": x, **metrics}
@@ -158,13 +160,15 @@ def run_scaffold(fed: Federation, cfg: ScaffoldConfig, run: RunConfig) -> dict[s
             ids, scaffold_client, round=r, params=x, control=control, lr=cfg.lr,
             schedule=schedule, weight_decay=cfg.weight_decay,
         )
-        weights = fed.client_weights(ids, cfg.weighting)
-        x = (x + cfg.server_lr * weighted_mean(results, "delta", weights)).astype(np.float32)
-        uniform = np.full(len(results), 1.0 / len(results))
-        dc = weighted_mean(results, "delta_control", uniform)
-        control = (control + len(results) / fed.num_clients * dc).astype(np.float32)
-        check_finite(x, r)
-        metrics = round_metrics(fed, results, weights)
+        metrics = {"num_updates": 0}
+        if results:
+            weights = fed.client_weights([res.client for res in results], cfg.weighting)
+            x = (x + cfg.server_lr * weighted_mean(results, "delta", weights)).astype(np.float32)
+            uniform = np.full(len(results), 1.0 / len(results))
+            dc = weighted_mean(results, "delta_control", uniform)
+            control = (control + len(results) / fed.num_clients * dc).astype(np.float32)
+            check_finite(x, r)
+            metrics = round_metrics(fed, results, weights)
         metrics.update(evaluate_if_due(fed, x, r, run))
         fed.log_round(r, **metrics)
     return {"final_params": x, **metrics}

@@ -1,6 +1,8 @@
 """The execution engine: client hosts on Ray, the Federation driver, the simulated clock."""
 
+from rayfl.engine.asyncpool import AsyncPool
 from rayfl.engine.context import ClientContext, WorkMeter
-from rayfl.engine.federation import ClientResult, Federation, ServerData
+from rayfl.engine.federation import Federation, ServerData
+from rayfl.engine.tasks import ClientResult
 
-__all__ = ["ClientContext", "ClientResult", "Federation", "ServerData", "WorkMeter"]
+__all__ = ["AsyncPool", "ClientContext", "ClientResult", "Federation", "ServerData", "WorkMeter"]

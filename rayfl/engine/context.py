@@ -19,11 +19,17 @@ class WorkMeter:
     """Work a client task actually did, in sample-passes, for the simulated clock.
 
     `forward_samples` count inference-only passes (zeroth-order evaluations, evaluation);
-    `backward_samples` count forward+backward passes; `steps` counts optimiser steps."""
+    `backward_samples` count forward+backward passes; `steps` counts optimiser steps.
+    `budget_flops` (set by a deadline policy with partial work) caps the work: `batches()`
+    stops before a step the client could not finish in time."""
 
     forward_samples: int = 0
     backward_samples: int = 0
     steps: int = 0
+    flops_per_sample: float = 0.0
+    backward_cost: float = 3.0
+    budget_flops: float | None = None
+    truncated: bool = False
 
     def forward(self, samples: int) -> None:
         self.forward_samples += int(samples)
@@ -31,6 +37,18 @@ class WorkMeter:
     def gradient_step(self, samples: int) -> None:
         self.backward_samples += int(samples)
         self.steps += 1
+
+    @property
+    def flops(self) -> float:
+        return self.flops_per_sample * (self.forward_samples + self.backward_cost * self.backward_samples)
+
+    def affords_step(self, samples: int) -> bool:
+        """Whether a gradient step on `samples` still fits the budget (always, without one)."""
+        if self.budget_flops is None:
+            return True
+        ok = self.flops + self.flops_per_sample * self.backward_cost * samples <= self.budget_flops
+        self.truncated = self.truncated or not ok
+        return ok
 
 
 @dataclass
@@ -71,7 +89,8 @@ class ClientContext:
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Shuffled minibatches: `epochs` full passes, or exactly `steps` batches (reshuffling at
         each pass). Batch size is clipped to the client's sample count. The order depends only
-        on (seed, purpose, round, client), never on which host runs the client."""
+        on (seed, purpose, round, client), never on which host runs the client. Iteration stops
+        early when the work budget (partial work under a deadline) would be exceeded."""
         n = self.num_samples
         if n == 0:
             return
@@ -82,6 +101,8 @@ class ClientContext:
                 perm = torch.from_numpy(rng.permutation(n))
                 for start in range(0, n, b):
                     idx = perm[start : start + b]
+                    if not self.work.affords_step(len(idx)):
+                        return
                     yield self.x[idx], self.y[idx]
             return
         assert steps is not None, "give epochs or steps"
@@ -91,4 +112,6 @@ class ClientContext:
                 perm, pos = torch.from_numpy(rng.permutation(n)), 0
             idx = perm[pos : pos + b]
             pos += b
+            if not self.work.affords_step(len(idx)):
+                return
             yield self.x[idx], self.y[idx]

@@ -23,37 +23,18 @@ import torch
 
 from rayfl.config import Config
 from rayfl.data import FederatedDataset
+from rayfl.engine.asyncpool import AsyncPool
 from rayfl.engine.clock import SimClock
 from rayfl.engine.host import ClientFn, remote_host_class
+from rayfl.engine.payload import payload_nbytes
 from rayfl.engine.placement import Placement, plan_placement
-from rayfl.engine.system import SystemModel, TaskTiming, forward_flops_per_sample
+from rayfl.engine.system import SystemModel, forward_flops_per_sample
+from rayfl.engine.tasks import OUTCOMES, ClientResult, close_round, plan_task, settle
 from rayfl.models import build_model
 from rayfl.models.params import get_flat, set_flat
 from rayfl.rng import derive_seed, numpy_rng
 
 ProgressFn = Callable[[dict[str, Any]], None]
-
-
-@dataclass
-class ClientResult:
-    """One client task as the server sees it."""
-
-    client: int
-    host: int
-    values: dict[str, Any]
-    num_samples: int
-    forward_samples: int
-    backward_samples: int
-    local_steps: int
-    bytes_up: int
-    bytes_down: int
-    timing: TaskTiming
-    dispatch_time: float
-    finish_time: float
-    outcome: str = "ok"
-
-    def __getitem__(self, key: str) -> Any:
-        return self.values[key]
 
 
 @dataclass
@@ -94,15 +75,14 @@ class Federation:
         self.clock = SimClock()
         self._wall_start = time.perf_counter()
         self._round_bytes = 0
+        self._outcomes = dict.fromkeys(OUTCOMES, 0)
+        self._keep: dict[int, int] = {}
+        self.model_version = 0
 
         self.model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
         self.num_params = sum(p.numel() for p in self.model.parameters())
-        self.system = SystemModel(
-            cfg.system,
-            dataset.num_clients,
-            forward_flops_per_sample(self.model, dataset.input_shape),
-            self.seed,
-        )
+        self.forward_flops = forward_flops_per_sample(self.model, dataset.input_shape)
+        self.system = SystemModel(cfg.system, dataset.num_clients, self.forward_flops, self.seed)
         self.placement: Placement = plan_placement(cfg.engine, dataset.num_clients, ray.cluster_resources())
         self._host_of = self.placement.host_of()
         self.hosts = self._start_hosts()
@@ -135,6 +115,8 @@ class Federation:
                     self.seed,
                     self.cfg.engine.torch_threads,
                     self.cfg.engine.device,
+                    self.forward_flops,
+                    self.cfg.system.backward_cost,
                 )
             )
         self.host_info = ray.get([h.info.remote() for h in hosts])
@@ -172,14 +154,48 @@ class Federation:
     def wall_time(self) -> float:
         return time.perf_counter() - self._wall_start
 
+    def host_of(self, client: int) -> int:
+        return int(self._host_of[client])
+
+    def online_clients(self) -> np.ndarray:
+        """Clients online now; the clock first skips ahead to when somebody is."""
+        avail = self.system.availability
+        online = np.array([c for c in range(self.num_clients) if avail.online(c, self.now)], dtype=np.int64)
+        if len(online) == 0:
+            raise RuntimeError(f"no client is online at simulated time {self.now:.1f}s; check system.availability")
+        return online
+
     def sample(self, round: int, k: int | None = None, fraction: float | None = None) -> list[int]:
-        """Uniform participation without replacement, seeded by (seed, 'sample', round): the same
-        clients are chosen whatever the placement."""
+        """Uniform participation without replacement among the clients online now, seeded by
+        (seed, 'sample', round): the same clients whatever the placement. Under
+        `over_selection` it picks ceil((1 + o) k) and the round keeps the first k to finish."""
         if k is None:
             k = self.num_clients if fraction is None else max(1, round_half_up(fraction * self.num_clients))
-        k = min(k, self.num_clients)
+        candidates = np.arange(self.num_clients) if self.cfg.system.availability.kind == "always" else self.online_clients()
+        k = min(k, len(candidates))
+        picks = k
+        if self.cfg.system.policy == "over_selection":
+            picks = min(len(candidates), int(np.ceil((1.0 + self.cfg.system.over_selection) * k - 1e-9)))
+            self._keep[round] = k
         rng = numpy_rng(self.seed, "sample", round)
-        return sorted(int(c) for c in rng.choice(self.num_clients, size=k, replace=False))
+        return sorted(int(c) for c in rng.choice(candidates, size=picks, replace=False))
+
+    def sample_idle(self, busy: set[int], key: int) -> int | None:
+        """One client, uniformly among those online and not busy, for an async slot."""
+        candidates = self.online_clients() if self.cfg.system.availability.kind != "always" else np.arange(self.num_clients)
+        idle = np.setdiff1d(candidates, np.fromiter(busy, dtype=np.int64, count=len(busy)))
+        if len(idle) == 0:
+            return None
+        return int(numpy_rng(self.seed, "async.sample", key).choice(idle))
+
+    def async_pool(self) -> AsyncPool:
+        """A pool of asynchronous tasks committed in simulated-time order (see AsyncPool)."""
+        return AsyncPool(self)
+
+    def advance_version(self) -> int:
+        """Count one more global-model version (staleness = versions applied since download)."""
+        self.model_version += 1
+        return self.model_version
 
     def initial_params(self) -> np.ndarray:
         """The initial global model: the model's own default initialisation under a torch seed
@@ -201,55 +217,52 @@ class Federation:
         **payload: Any,
     ) -> list[ClientResult]:
         """One synchronous step: run `fn(ctx, **payload, **per_client[c])` on every client,
-        wait for all, advance the simulated clock by the slowest task and log the tasks."""
+        apply the round policy on the simulated clock (sync, deadline, over-selection; dropouts
+        and clients going offline), advance the clock and log every task. Returns the tasks the
+        round counts (outcome ok), sorted by client id; late and failed tasks are only logged.
+        `timed=False` runs a side computation (e.g. personalized evaluation) off the clock."""
         import ray
 
         ids = sorted(int(c) for c in client_ids)
         if not ids:
             return []
+        start = self.clock.now
+        sys_cfg = self.cfg.system
+        plans = {c: plan_task(self.system, self.seed, c, round, round, start, self.model_version) for c in ids}
+        budgets = None
+        if timed and sys_cfg.policy == "deadline" and sys_cfg.late_policy == "partial":
+            # upload assumed as large as the download (model in, model out) when budgeting
+            base = payload_nbytes(payload)
+            budgets = {}
+            for c in ids:
+                down = base + (payload_nbytes(per_client.get(c)) if per_client else 0)
+                budgets[c] = self.system.compute_budget(c, sys_cfg.deadline, down, down)
         by_host: dict[int, list[int]] = {}
         for c in ids:
-            by_host.setdefault(int(self._host_of[c]), []).append(c)
+            by_host.setdefault(self.host_of(c), []).append(c)
         payload_ref = ray.put(payload)  # shipped once; hosts read it zero-copy
         futures = []
         for h, hids in by_host.items():
             sub = {c: per_client[c] for c in hids if c in per_client} if per_client else None
-            futures.append(self.hosts[h].run.remote(fn, hids, round, payload_ref, sub))
-        records = [rec for batch in ray.get(futures) for rec in batch]
-        records.sort(key=lambda r: r["client"])
-        return self._commit_sync(records, round, phase, timed)
+            bud = {c: budgets[c] for c in hids} if budgets is not None else None
+            futures.append(self.hosts[h].run.remote(fn, hids, round, payload_ref, sub, bud))
+        records = sorted((rec for batch in ray.get(futures) for rec in batch), key=lambda r: r["client"])
+        results = [settle(plans[rec["client"]], rec, self.system, round) for rec in records]
+        if not timed:
+            for r in results:
+                r.finish_time, r.outcome = start, "ok"
+            self.record_tasks(results, round, phase)
+            return results
+        end = close_round(results, sys_cfg.policy, start, sys_cfg.deadline, self._keep.get(round))
+        self.clock.advance_to(end)
+        self.record_tasks(results, round, phase)
+        return [r for r in results if r.ok]
 
-    def _commit_sync(self, records: list[dict], round: int, phase: str, timed: bool) -> list[ClientResult]:
-        start = self.clock.now
-        results = []
-        for rec in records:
-            timing = self.system.timing(
-                rec["client"], rec["forward_samples"], rec["backward_samples"], rec["bytes_down"], rec["bytes_up"]
-            )
-            finish = start + timing.total if timed else start
-            results.append(
-                ClientResult(
-                    client=rec["client"],
-                    host=rec["host"],
-                    values=rec["values"],
-                    num_samples=rec["num_samples"],
-                    forward_samples=rec["forward_samples"],
-                    backward_samples=rec["backward_samples"],
-                    local_steps=rec["local_steps"],
-                    bytes_up=rec["bytes_up"],
-                    bytes_down=rec["bytes_down"],
-                    timing=timing,
-                    dispatch_time=start,
-                    finish_time=finish,
-                )
-            )
-        if timed and results:
-            self.clock.advance_to(max(r.finish_time for r in results))
-        self._log_clients(results, round, phase)
-        return results
-
-    def _log_clients(self, results: list[ClientResult], round: int, phase: str) -> None:
-        self._round_bytes += sum(r.bytes_up + r.bytes_down for r in results)
+    def record_tasks(self, results: list[ClientResult], round: int, phase: str) -> None:
+        """Count outcomes and bytes for the round row, and write one `clients` row per task."""
+        for r in results:
+            self._outcomes[r.outcome] += 1
+            self._round_bytes += r.bytes_up + r.bytes_down
         if self.writer is None or not self.cfg.output.log_clients:
             return
         rows = []
@@ -265,9 +278,11 @@ class Federation:
                 "compute_seconds": r.timing.compute,
                 "download_seconds": r.timing.download,
                 "upload_seconds": r.timing.upload,
-                "staleness": 0,
+                "version": r.version,
+                "staleness": r.staleness,
                 "num_samples": r.num_samples,
                 "local_steps": r.local_steps,
+                "truncated": r.truncated,
                 "forward_samples": r.forward_samples,
                 "backward_samples": r.backward_samples,
                 "bytes_up": r.bytes_up,
@@ -305,9 +320,11 @@ class Federation:
             "sim_time": self.clock.now,
             "wall_time": self.wall_time,
             "bytes": self._round_bytes,
+            **{f"clients_{k}": v for k, v in self._outcomes.items()},
             **{k: _scalar(v) for k, v in metrics.items()},
         }
         self._round_bytes = 0
+        self._outcomes = dict.fromkeys(OUTCOMES, 0)
         if self.writer is not None:
             self.writer.append("rounds", row)
             if (round + 1) % self.cfg.output.flush_every_rounds == 0:

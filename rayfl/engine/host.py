@@ -37,6 +37,8 @@ class ClientHostImpl:
         seed: int,
         torch_threads: int = 1,
         device: str = "auto",
+        flops_per_sample: float = 0.0,
+        backward_cost: float = 3.0,
     ):
         torch.set_num_threads(torch_threads)
         self.host_id = host_id
@@ -44,6 +46,8 @@ class ClientHostImpl:
         self.client_train = dict(client_train)
         self.client_test = dict(client_test) if client_test is not None else None
         self.seed = seed
+        self.flops_per_sample = flops_per_sample
+        self.backward_cost = backward_cost
         self.device = resolve_device(device)
         self.model = build_model(model_cfg, tuple(input_shape), num_classes).to(self.device)
         self.states: dict[int, dict[str, Any]] = {cid: {} for cid in self.client_train}
@@ -58,14 +62,18 @@ class ClientHostImpl:
         round: int,
         broadcast: Mapping[str, Any],
         per_client: Mapping[int, Mapping[str, Any]] | None = None,
+        budgets: Mapping[int, float] | None = None,
     ) -> list[dict[str, Any]]:
         """Run `fn` for each client in `client_ids` (one after another, in id order) and return
-        one record per client: the function's output plus the work it did and bytes it sends."""
+        one record per client: the function's output plus the work it did and bytes it sends.
+        `budgets` caps a client's FLOPs (a deadline with partial work)."""
         records = []
         for cid in sorted(client_ids):
             if cid not in self.client_train:
                 raise KeyError(f"host {self.host_id} does not host client {cid}")
             ctx = self._context(cid, round)
+            if budgets is not None and cid in budgets:
+                ctx.work.budget_flops = budgets[cid]
             extra = dict(per_client.get(cid, {})) if per_client else {}
             out = fn(ctx, **broadcast, **extra)
             if not isinstance(out, Mapping):
@@ -80,6 +88,7 @@ class ClientHostImpl:
                     "forward_samples": ctx.work.forward_samples,
                     "backward_samples": ctx.work.backward_samples,
                     "local_steps": ctx.work.steps,
+                    "truncated": ctx.work.truncated,
                     "bytes_up": payload_nbytes(values),
                     "bytes_down": payload_nbytes(broadcast) + payload_nbytes(extra),
                 }
@@ -95,7 +104,7 @@ class ClientHostImpl:
             tidx = self.client_test[cid]
             test_x = torch.from_numpy(self.arrays["test_x"][tidx]).to(self.device)
             test_y = torch.from_numpy(self.arrays["test_y"][tidx]).to(self.device)
-        return ClientContext(
+        ctx = ClientContext(
             id=cid,
             round=round,
             seed=self.seed,
@@ -107,6 +116,9 @@ class ClientHostImpl:
             test_y=test_y,
             state=self.states[cid],
         )
+        ctx.work.flops_per_sample = self.flops_per_sample
+        ctx.work.backward_cost = self.backward_cost
+        return ctx
 
     def get_state(self, client_ids: list[int], key: str) -> dict[int, Any]:
         """Read one state entry of some clients (personalized models, for evaluation/export)."""

@@ -7,16 +7,20 @@ running the simulation:
     duration = flops / speed + bytes_down / down_bw + bytes_up / up_bw + latency
 
 with flops = forward_flops_per_sample * (forward_samples + backward_cost * backward_samples).
+Profiles (speed, bandwidths, latency, dropout, availability) are drawn once per client from
+seeded distributions, or read from a trace file.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 
-from rayfl.config import SystemConfig
+from rayfl.config import ConfigError, Distribution, SystemConfig
 from rayfl.rng import numpy_rng
 
 
@@ -32,37 +36,168 @@ class TaskTiming:
         return self.compute + self.download + self.upload + self.latency
 
 
+def sample_distribution(d: Distribution, n: int, rng: np.random.Generator) -> np.ndarray:
+    """n seeded draws from a Distribution."""
+    if d.dist == "constant":
+        return np.full(n, float(d.value))
+    if d.dist == "uniform":
+        return d.value * rng.uniform(d.low, d.high, size=n)
+    if d.dist == "lognormal":
+        return d.value * rng.lognormal(0.0, d.sigma, size=n)
+    if d.dist == "pareto":  # Pareto(shape) with minimum `value`: heavy right tail
+        return d.value * (1.0 + rng.pareto(d.shape, size=n))
+    if d.dist == "tiers":
+        return np.asarray(d.values, dtype=np.float64)[rng.choice(len(d.values), size=n, p=d.probs)]
+    raise ValueError(f"unknown distribution {d.dist}")
+
+
+class Availability:
+    """When clients are online; the base class is always-online."""
+
+    def online(self, client: int, t: float) -> bool:
+        return True
+
+    def offline_at(self, client: int, start: float, end: float) -> float | None:
+        """When a client online at `start` goes offline before `end` (None if it does not)."""
+        return None
+
+
+class PeriodicAvailability(Availability):
+    """Online for `on` seconds of every `period`, from a per-client phase (no stored windows,
+    so 10^5 clients cost nothing)."""
+
+    def __init__(self, period: float, online_fraction: float, phase: np.ndarray):
+        self.period, self.on, self.phase = period, online_fraction * period, phase
+
+    def _offset(self, client: int, t: float) -> float:
+        return float((t - self.phase[client]) % self.period)
+
+    def online(self, client: int, t: float) -> bool:
+        return self._offset(client, t) < self.on
+
+    def offline_at(self, client: int, start: float, end: float) -> float | None:
+        if not self.online(client, start):
+            return start
+        stop = start + self.on - self._offset(client, start)
+        return stop if stop < end else None
+
+
+class IntervalAvailability(Availability):
+    """Explicit online intervals per client (from a trace): [k, 2] arrays of [start, end)."""
+
+    def __init__(self, intervals: list[np.ndarray]):
+        self.intervals = intervals
+
+    def _containing(self, client: int, t: float) -> np.ndarray:
+        iv = self.intervals[client]
+        return iv[(iv[:, 0] <= t) & (t < iv[:, 1])]
+
+    def online(self, client: int, t: float) -> bool:
+        return len(self._containing(client, t)) > 0
+
+    def offline_at(self, client: int, start: float, end: float) -> float | None:
+        here = self._containing(client, start)
+        if len(here) == 0:
+            return start
+        stop = float(here[:, 1].max())
+        return stop if stop < end else None
+
+
 class SystemModel:
-    """Per-client device profiles (speed in FLOP/s, bandwidths in bytes/s, latency in s)."""
+    """Per-client device profiles and task timing."""
 
     def __init__(self, cfg: SystemConfig, num_clients: int, forward_flops: float, seed: int):
         self.cfg = cfg
+        self.num_clients = num_clients
         self.forward_flops = float(forward_flops)
-        self.speed = client_speeds(cfg, num_clients, seed)
+        draw = lambda name: sample_distribution(getattr(cfg, name), num_clients, numpy_rng(seed, f"system.{name}"))  # noqa: E731
+        self.speed = draw("speed")
+        self.up_bandwidth = draw("up_bandwidth")
+        self.down_bandwidth = draw("down_bandwidth")
+        self.latency = draw("latency")
+        self.dropout = np.full(num_clients, cfg.dropout)
+        self._apply_tiers(seed)
+        self.availability = Availability()
+        if cfg.availability.kind == "periodic":
+            phase = numpy_rng(seed, "system.availability").uniform(0.0, cfg.availability.period, size=num_clients)
+            self.availability = PeriodicAvailability(cfg.availability.period, cfg.availability.online_fraction, phase)
+        if cfg.trace is not None:
+            intervals = self._apply_trace(Path(cfg.trace).expanduser(), cfg.availability.kind == "trace")
+            if intervals is not None:
+                self.availability = IntervalAvailability(intervals)
 
-    def timing(
-        self,
-        client: int,
-        forward_samples: int,
-        backward_samples: int,
-        bytes_down: int,
-        bytes_up: int,
-    ) -> TaskTiming:
-        flops = self.forward_flops * (forward_samples + self.cfg.backward_cost * backward_samples)
+    def _apply_tiers(self, seed: int) -> None:
+        """Explicit tiers: disjoint seeded random subsets whose speed is scaled."""
+        if not self.cfg.tiers:
+            return
+        order = numpy_rng(seed, "system.tiers").permutation(self.num_clients)
+        start = 0
+        for t in self.cfg.tiers:
+            count = int(round(t.fraction * self.num_clients))
+            self.speed[order[start : start + count]] *= t.speed_factor
+            start += count
+
+    def _apply_trace(self, path: Path, use_availability: bool) -> list[np.ndarray] | None:
+        trace = read_trace(path, self.num_clients)
+        first = trace.groupby("client").first()
+        for col in ("speed", "up_bandwidth", "down_bandwidth", "latency", "dropout"):
+            if col in first.columns:
+                vals = first[col].dropna()
+                getattr(self, col)[vals.index.to_numpy()] = vals.to_numpy(dtype=np.float64)
+        if not use_availability:
+            return None
+        if not {"available_from", "available_to"} <= set(trace.columns):
+            raise ConfigError("system.trace", f"{path} needs columns available_from and available_to for availability: trace")
+        intervals = [np.zeros((0, 2)) for _ in range(self.num_clients)]
+        for cid, rows in trace.groupby("client"):
+            iv = rows[["available_from", "available_to"]].to_numpy(dtype=np.float64)
+            intervals[int(cid)] = iv[np.argsort(iv[:, 0])]
+        return intervals
+
+    def flops(self, forward_samples: int, backward_samples: int) -> float:
+        return self.forward_flops * (forward_samples + self.cfg.backward_cost * backward_samples)
+
+    def timing(self, client: int, forward_samples: int, backward_samples: int, bytes_down: int, bytes_up: int) -> TaskTiming:
         return TaskTiming(
-            compute=flops / self.speed[client],
-            download=bytes_down / self.cfg.down_bandwidth,
-            upload=bytes_up / self.cfg.up_bandwidth,
-            latency=self.cfg.latency,
+            compute=self.flops(forward_samples, backward_samples) / self.speed[client],
+            download=bytes_down / self.down_bandwidth[client],
+            upload=bytes_up / self.up_bandwidth[client],
+            latency=float(self.latency[client]),
+        )
+
+    def compute_budget(self, client: int, seconds: float, bytes_down: int, bytes_up_estimate: int) -> float:
+        """FLOPs a client can spend so that it still finishes within `seconds` of dispatch."""
+        comm = bytes_down / self.down_bandwidth[client] + bytes_up_estimate / self.up_bandwidth[client] + self.latency[client]
+        return max(0.0, (seconds - comm) * self.speed[client])
+
+    def profiles(self) -> pd.DataFrame:
+        return pd.DataFrame(
+            {
+                "client": np.arange(self.num_clients),
+                "speed": self.speed,
+                "up_bandwidth": self.up_bandwidth,
+                "down_bandwidth": self.down_bandwidth,
+                "latency": self.latency,
+                "dropout": self.dropout,
+            }
         )
 
 
-def client_speeds(cfg: SystemConfig, num_clients: int, seed: int) -> np.ndarray:
-    """Compute speeds in FLOP/s; lognormal speeds keep `compute_speed` as their median."""
-    if cfg.speed_distribution == "constant":
-        return np.full(num_clients, cfg.compute_speed)
-    rng = numpy_rng(seed, "system.speed")
-    return cfg.compute_speed * rng.lognormal(0.0, cfg.speed_sigma, size=num_clients)
+def read_trace(path: Path, num_clients: int) -> pd.DataFrame:
+    """A device trace: CSV or Parquet with a `client` column; errors name the file."""
+    try:
+        trace = pd.read_parquet(path) if path.suffix.lower() in (".parquet", ".pq") else pd.read_csv(path)
+    except Exception as e:  # pandas raises many types for unreadable files
+        raise ConfigError("system.trace", f"cannot read {path}: {e}") from e
+    if "client" not in trace.columns:
+        raise ConfigError("system.trace", f"{path} has no 'client' column (columns: {list(trace.columns)})")
+    bad = trace[(trace["client"] < 0) | (trace["client"] >= num_clients)]
+    if len(bad):
+        raise ConfigError("system.trace", f"{path} names client {int(bad['client'].iloc[0])}, outside 0..{num_clients - 1}")
+    for col in ("speed", "up_bandwidth", "down_bandwidth"):
+        if col in trace.columns and (trace[col].dropna() <= 0).any():
+            raise ConfigError("system.trace", f"{path}: column {col} must be > 0")
+    return trace
 
 
 def forward_flops_per_sample(model: torch.nn.Module, input_shape: tuple[int, ...]) -> float:
