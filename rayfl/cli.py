@@ -19,6 +19,7 @@ examples:
   rayfl partition jobs/x.yaml --plot part.png the client x class matrix of a job's partition
   rayfl report results/                       tables and plots from finished runs
   rayfl bench scale --clients 10000           seconds per round and peak memory at scale
+  rayfl bench async --clients 1000            stragglers: sync vs deadline vs FedBuff; async speed-up
 
 Results land in <output.dir>/<experiment>/<run_id>/{rounds,clients,evals}/*.parquet:
   python -c "import rayfl.results as r; print(r.load('results').rounds)"
@@ -67,6 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--per-round", type=int, default=100)
     scale.add_argument("--rounds", type=int, default=5)
     scale.add_argument("--out", default="bench/scale.json")
+    asyn = bsub.add_parser(
+        "async", help="stragglers: simulated time to accuracy (sync / deadline / FedBuff) and async wall speed-up"
+    )
+    asyn.add_argument("--clients", type=int, default=1000)
+    asyn.add_argument("--target", type=float, default=0.6, help="test accuracy to reach")
+    asyn.add_argument("--rounds", type=int, default=100, help="sync rounds (FedBuff gets twice as many steps)")
+    asyn.add_argument("--updates", type=int, default=1000, help="applied async updates for the wall-clock part")
+    asyn.add_argument("--out", default="bench/async.json")
     return p
 
 
@@ -137,9 +146,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from rayfl.bench import run_scale_bench
+    result: dict[str, Any]
+    if args.bench == "scale":
+        from rayfl.bench import run_scale_bench
 
-    result: dict[str, Any] = run_scale_bench(args.clients, args.per_round, args.rounds, Path(args.out))
+        result = run_scale_bench(args.clients, args.per_round, args.rounds, Path(args.out))
+    else:
+        from rayfl.bench_async import run_async_bench
+
+        result = run_async_bench(args.clients, args.target, args.rounds, args.updates, Path(args.out))
     print(json.dumps(result, indent=2))
     return 0
 

@@ -68,9 +68,11 @@ class DataConfig:
     server_fraction: float = 0.0
     download: bool = True
     max_samples: int | None = None
-    # LEAF / FedProx Synthetic(alpha, beta); client sizes ~ lognormal(size_mu, size_sigma) + min.
+    # LEAF / FedProx Synthetic(alpha, beta) (or Synthetic-IID with synthetic_iid: true);
+    # client sizes ~ lognormal(size_mu, size_sigma) + min.
     synthetic_alpha: float = 1.0
     synthetic_beta: float = 1.0
+    synthetic_iid: bool = False
     synthetic_features: int = 60
     synthetic_classes: int = 10
     synthetic_size_mu: float = 4.0
@@ -215,12 +217,14 @@ class EngineConfig:
 
 @dataclass
 class Distribution:
-    """A seeded per-client distribution. `value` is the constant, the lognormal median or the
-    Pareto minimum; `sigma` the lognormal log-std; `shape` the Pareto tail index (heavier tails
-    for smaller shape, infinite variance below 2); `low`/`high` bound a uniform; `tiers` draws
-    one of `values` with probabilities `probs`. In YAML a bare number means a constant."""
+    """A seeded per-client distribution. `value` is the constant, the lognormal median, the
+    Pareto minimum, or the maximum of `inverse_pareto` (value / Pareto draw: for speeds, heavy-
+    tailed slowdowns, so task durations get a Pareto tail: the straggler model); `sigma` the
+    lognormal log-std; `shape` the Pareto tail index (heavier for smaller shape, infinite
+    variance below 2); `low`/`high` scale a uniform; `tiers` draws one of `values` with
+    probabilities `probs`. In YAML a bare number means a constant."""
 
-    dist: Literal["constant", "uniform", "lognormal", "pareto", "tiers"] = "constant"
+    dist: Literal["constant", "uniform", "lognormal", "pareto", "inverse_pareto", "tiers"] = "constant"
     value: float = 1.0
     sigma: float = 0.5
     shape: float = 1.5
@@ -234,7 +238,7 @@ class Distribution:
             raise ConfigError(f"{key}.value", f"must be > 0, got {self.value}")
         if self.dist == "lognormal" and self.sigma < 0:
             raise ConfigError(f"{key}.sigma", f"must be >= 0, got {self.sigma}")
-        if self.dist == "pareto" and not self.shape > 0:
+        if self.dist in ("pareto", "inverse_pareto") and not self.shape > 0:
             raise ConfigError(f"{key}.shape", f"the Pareto tail index must be > 0, got {self.shape}")
         if self.dist == "uniform" and not 0 < self.low <= self.high:
             raise ConfigError(f"{key}.low", f"need 0 < low <= high, got low={self.low}, high={self.high}")

@@ -7,6 +7,8 @@ from pathlib import Path
 from rayfl.results import load
 from rayfl.results.plots import plot_client_timeline, plot_curves, summary_table
 
+MAX_TIMELINES = 8
+
 
 def write_report(path: Path, out: Path | None = None, metric: str = "test_accuracy") -> list[str]:
     """Load every run under `path`, print a summary table and write figures to `out`."""
@@ -20,8 +22,10 @@ def write_report(path: Path, out: Path | None = None, metric: str = "test_accura
             lines.append(f"figure: {plot_curves(results, y=metric, x=x, path=out / f'{metric}_vs_{x}.png')}")
     if "train_loss" in results.rounds.columns:
         lines.append(f"figure: {plot_curves(results, y='train_loss', x='round', path=out / 'train_loss_vs_round.png')}")
-    if len(results.clients):
-        run_id = str(results.clients["run_id"].iloc[0])
-        rounds = sorted(results.clients["round"].unique().tolist())[:3]
-        lines.append(f"figure: {plot_client_timeline(results, run_id, rounds, path=out / f'timeline_{run_id}.png')}")
+    runs = results.clients[["experiment", "run_id"]].drop_duplicates().head(MAX_TIMELINES)
+    for experiment, run_id in runs.itertuples(index=False):
+        mine = results.clients[(results.clients["experiment"] == experiment) & (results.clients["run_id"] == run_id)]
+        rounds = sorted(mine["round"].unique().tolist())[:3]
+        path = out / f"timeline_{experiment}_{run_id}.png"
+        lines.append(f"figure: {plot_client_timeline(results, str(run_id), rounds, path=path, experiment=str(experiment))}")
     return lines

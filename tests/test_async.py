@@ -172,3 +172,14 @@ def test_stragglers_jobs_validate():
     policies = {load_config(j).system.policy for j in jobs}
     algorithms = {load_config(j).algorithm.name for j in jobs}
     assert policies == {"sync", "deadline", "over_selection"} and {"fedasync", "fedbuff"} <= algorithms
+
+
+def test_bench_async_writes_its_summary(ray_local, tmp_path):
+    from rayfl.bench_async import run_async_bench
+
+    out = tmp_path / "bench" / "async.json"
+    summary = run_async_bench(clients=40, target=0.3, rounds=4, updates=40, out=out)
+    assert set(summary["policies"]) == {"sync", "deadline", "fedbuff"}
+    assert all(p["sim_seconds_total"] > 0 and p["updates_applied"] > 0 for p in summary["policies"].values())
+    assert summary["wall_seconds_per_1000_updates"]["1_hosts"] > 0
+    assert out.is_file() and pd.read_parquet(out.with_suffix(".parquet")).shape[0] == 5

@@ -5,7 +5,8 @@ b_k ~ N(u_k, 1) [C]; its feature mean v_k ~ N(B_k, 1) [d]; samples x ~ N(v_k, di
 and y = argmax(W_k x + b_k). Alpha controls how much the client models differ, beta how much
 their inputs do. As in the reference code, the second argument of N(., .) is a standard
 deviation. Each client has its own random stream, so client k's data does not depend on how
-many clients are generated.
+many clients are generated. `synthetic_iid` gives FedProx's Synthetic-IID instead: every client
+shares one W, b ~ N(0, 1) and x ~ N(0, diag(j^-1.2)).
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def generate_synthetic(cfg: DataConfig, num_clients: int, seed: int) -> Syntheti
     d, c = cfg.synthetic_features, cfg.synthetic_classes
     std = np.power(np.arange(1, d + 1, dtype=np.float64), -1.2 / 2)  # sqrt of the diagonal covariance
     xs, ys, sizes = [], [], np.empty(num_clients, dtype=np.int64)
+    shared = numpy_rng(seed, "synthetic.iid")
+    w_iid, b_iid = shared.normal(0.0, 1.0, size=(c, d)), shared.normal(0.0, 1.0, size=c)
     for k in range(num_clients):
         rng = numpy_rng(seed, "synthetic", client=k)
         n = client_size(rng, cfg)
@@ -55,6 +58,8 @@ def generate_synthetic(cfg: DataConfig, num_clients: int, seed: int) -> Syntheti
         w = rng.normal(u, 1.0, size=(c, d))
         b = rng.normal(u, 1.0, size=c)
         v = rng.normal(b_mean, 1.0, size=d)
+        if cfg.synthetic_iid:  # FedProx's Synthetic-IID: one model, one input distribution
+            w, b, v = w_iid, b_iid, np.zeros(d)
         x = v + rng.standard_normal((n, d)) * std
         # softmax is monotone, so argmax(softmax(z)) == argmax(z).
         ys.append(np.argmax(x @ w.T + b, axis=1).astype(np.int64))

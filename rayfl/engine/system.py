@@ -46,6 +46,8 @@ def sample_distribution(d: Distribution, n: int, rng: np.random.Generator) -> np
         return d.value * rng.lognormal(0.0, d.sigma, size=n)
     if d.dist == "pareto":  # Pareto(shape) with minimum `value`: heavy right tail
         return d.value * (1.0 + rng.pareto(d.shape, size=n))
+    if d.dist == "inverse_pareto":  # at most `value`, heavy tail towards 0 (slow stragglers)
+        return d.value / (1.0 + rng.pareto(d.shape, size=n))
     if d.dist == "tiers":
         return np.asarray(d.values, dtype=np.float64)[rng.choice(len(d.values), size=n, p=d.probs)]
     raise ValueError(f"unknown distribution {d.dist}")

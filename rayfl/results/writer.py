@@ -53,7 +53,7 @@ class RunWriter:
     """Buffered, crash-safe writer of one run's tables and manifest (see the module docstring).
 
     Use as a context manager: leaving the block normally closes the run as "completed"; an
-    exception closes it as "failed" (or "interrupted" for Ctrl-C) and propagates."""
+    exception closes it as "failed" (or "interrupted" for Ctrl-C and SIGTERM) and propagates."""
 
     TABLES = ("rounds", "clients", "evals")
 
@@ -179,7 +179,7 @@ class RunWriter:
             return False
         if exc is None:
             self.close("completed")
-        elif isinstance(exc, KeyboardInterrupt):
+        elif isinstance(exc, (KeyboardInterrupt, SystemExit)):  # Ctrl-C, SIGTERM (Ray raises SystemExit)
             self.close("interrupted", error=repr(exc))
         else:
             self.close("failed", error=repr(exc))
