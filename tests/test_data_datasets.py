@@ -411,6 +411,21 @@ def test_synthetic_alpha_beta_control_heterogeneity():
     assert spread(far) > 3 * spread(near)
 
 
+def test_synthetic_iid_clients_share_one_labelling():
+    """Synthetic-IID: one W, b for everybody, so one linear rule labels every client's data."""
+    base = {"synthetic_features": 10, **SMALL}
+    iid = generate_synthetic(DataConfig(synthetic_iid=True, **base), 30, seed=0)
+    non = generate_synthetic(DataConfig(synthetic_alpha=1.0, synthetic_beta=1.0, **base), 30, seed=0)
+
+    def fit_accuracy(g) -> float:  # one least-squares linear rule for all clients' labels
+        onehot = np.eye(10)[g.y]
+        xb = np.hstack([g.x, np.ones((len(g.x), 1))])
+        w, *_ = np.linalg.lstsq(xb, onehot, rcond=None)
+        return float(np.mean((xb @ w).argmax(1) == g.y))
+
+    assert fit_accuracy(iid) > fit_accuracy(non) + 0.2
+
+
 def test_synthetic_natural_server_share():
     data = DataConfig(server_fraction=0.3, **SMALL)
     fd = build_federated_dataset(data, PartitionConfig(num_clients=30), seed=0)
