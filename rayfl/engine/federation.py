@@ -158,7 +158,7 @@ class Federation:
         return int(self._host_of[client])
 
     def online_clients(self) -> np.ndarray:
-        """Clients online now; the clock first skips ahead to when somebody is."""
+        """Clients online now (an error if nobody is: the availability model is then broken)."""
         avail = self.system.availability
         online = np.array([c for c in range(self.num_clients) if avail.online(c, self.now)], dtype=np.int64)
         if len(online) == 0:
