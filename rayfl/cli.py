@@ -20,6 +20,7 @@ examples:
   rayfl report results/                       tables and plots from finished runs
   rayfl bench scale --clients 10000           seconds per round and peak memory at scale
   rayfl bench async --clients 1000            stragglers: sync vs deadline vs FedBuff; async speed-up
+  rayfl bench zo                              wall time of a ZO-HFL round vs FedAvg rounds (offline MNIST)
 
 Results land in <output.dir>/<experiment>/<run_id>/{rounds,clients,evals}/*.parquet:
   python -c "import rayfl.results as r; print(r.load('results').rounds)"
@@ -76,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     asyn.add_argument("--rounds", type=int, default=100, help="sync rounds (FedBuff gets twice as many steps)")
     asyn.add_argument("--updates", type=int, default=1000, help="applied async updates for the wall-clock part")
     asyn.add_argument("--out", default="bench/async.json")
+    zo = bsub.add_parser("zo", help="wall seconds of a ZO-HFL round vs FedAvg with the same local steps (10 clients, tau 20)")
+    zo.add_argument("--rounds", type=int, default=6, help="rounds per run (the first and last are not timed)")
+    zo.add_argument("--source", default="test_only", choices=["test_only", "full"], help="MNIST: the offline subset or all")
+    zo.add_argument("--data-dir", default=None, help="where the MNIST files are (default: the job's ../shared/data)")
+    zo.add_argument("--out", default="bench/zo.json")
     return p
 
 
@@ -151,6 +157,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from rayfl.bench import run_scale_bench
 
         result = run_scale_bench(args.clients, args.per_round, args.rounds, Path(args.out))
+    elif args.bench == "zo":
+        from rayfl.bench_zo import run_zo_bench
+
+        result = run_zo_bench(args.rounds, Path(args.out), args.source, args.data_dir)
     else:
         from rayfl.bench_async import run_async_bench
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from rayfl.results import load
 from rayfl.results.plots import plot_client_timeline, plot_curves, summary_table
+from rayfl.results.zo_hfl import write_zo_hfl_report
 
 MAX_TIMELINES = 8
 
@@ -28,4 +29,5 @@ def write_report(path: Path, out: Path | None = None, metric: str = "test_accura
         rounds = sorted(mine["round"].unique().tolist())[:3]
         path = out / f"timeline_{experiment}_{run_id}.png"
         lines.append(f"figure: {plot_client_timeline(results, str(run_id), rounds, path=path, experiment=str(experiment))}")
+    lines += write_zo_hfl_report(results, out)  # Table I grid and Fig. 2 when there are such runs
     return lines

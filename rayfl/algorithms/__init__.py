@@ -9,6 +9,7 @@ from rayfl.algorithms.fedavg import (
     run_fedavg,
     run_scaffold,
 )
+from rayfl.algorithms.zo_hfl import ZOHFLConfig, run_zo_hfl
 
 ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
@@ -18,6 +19,7 @@ ALGORITHMS: dict[str, Algorithm] = {
         Algorithm("scaffold", ScaffoldConfig, run_scaffold, "SCAFFOLD option II control variates (Karimireddy et al. 2020)"),
         Algorithm("fedasync", FedAsyncConfig, run_fedasync, "FedAsync, staleness-weighted mixing (Xie et al. 2019)"),
         Algorithm("fedbuff", FedBuffConfig, run_fedbuff, "FedBuff, buffered asynchronous aggregation (Nguyen et al. 2022)"),
+        Algorithm("zo_hfl", ZOHFLConfig, run_zo_hfl, "ZO-HFL, zeroth-order bilevel FL with server data (Qiu et al. 2025)"),
     ]
 }
 

@@ -2,7 +2,12 @@
 
 Each is a plain server loop over the Federation. Client functions are module-level so Ray ships
 them by reference; they are pure functions of (client context, payload) apart from SCAFFOLD's
-persistent control variate, which stays in the client's host-side state."""
+persistent control variate, which stays in the client's host-side state.
+
+For ZO-HFL's comparison (arXiv 2504.01839, Sec. IV: "the same total number of local steps")
+each baseline can run a per-client, per-round schedule H_{i,r} (`local_schedule`) with the
+decaying local step lr / (t + lr_offset), and can train on the server's data as an extra,
+always-on client (`server_as_client`)."""
 
 from __future__ import annotations
 
@@ -13,25 +18,39 @@ import numpy as np
 import torch
 
 from rayfl.algorithms.base import eval_due
-from rayfl.algorithms.local import LocalSchedule, local_sgd
+from rayfl.algorithms.local import LocalSchedule, local_sgd, lr_sum
+from rayfl.algorithms.server_client import ServerClient
 from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
 from rayfl.engine import ClientContext, ClientResult, Federation
+from rayfl.zo.schedules import StepsSchedule, check_budget_fields, local_steps
 
 
 @dataclass
 class FedAvgConfig(AlgorithmConfig):
     """FedAvg (McMahan et al., AISTATS 2017, Alg. 1): clients run local SGD from the global
     model; the server adds the `weighting`-weighted mean of their model deltas times
-    `server_lr` (1.0 is the paper's plain average; `samples` weights by n_k as in the paper)."""
+    `server_lr` (1.0 is the paper's plain average; `samples` weights by n_k as in the paper).
+
+    `local_schedule` (see `rayfl.zo.schedules.StepsSchedule`) replaces local_epochs /
+    local_steps with H_{i,r} steps, e.g. ZO-HFL's ceil(tau sqrt(r + 1)); `lr_schedule:
+    harmonic` uses lr / (t + lr_offset) at in-round step t (ZO-HFL's 0.1 / (t + 1)).
+    `server_as_client` adds the server's data as an always-on client (an ablation; the
+    papers' baselines do not use it)."""
 
     name: str = "fedavg"
     server_lr: float = 1.0
     weighting: Literal["samples", "uniform"] = "samples"
+    local_schedule: StepsSchedule | None = None
+    lr_schedule: Literal["constant", "harmonic"] = "constant"
+    lr_offset: float = 1.0
+    server_as_client: bool = False
 
     def validate(self) -> None:
-        super().validate()
+        check_budget_fields(self, self.local_schedule, "algorithm.local_schedule")
         if not self.server_lr > 0:
             raise ConfigError("algorithm.server_lr", f"must be > 0, got {self.server_lr}")
+        if not self.lr_offset > 0:
+            raise ConfigError("algorithm.lr_offset", f"must be > 0, got {self.lr_offset}")
 
 
 @dataclass
@@ -92,7 +111,7 @@ def scaffold_client(
     steps = ctx.work.steps
     if steps == 0:
         return {"delta": torch.zeros_like(x), "delta_control": torch.zeros_like(x), "loss": loss}
-    c_new = c_i - c + (x - y) / (steps * lr)
+    c_new = c_i - c + (x - y) / lr_sum(lr, schedule, steps)
     ctx.state["control"] = c_new
     return {"delta": y - x, "delta_control": c_new - c_i, "loss": loss}
 
@@ -104,6 +123,42 @@ def clients_this_round(fed: Federation, cfg: AlgorithmConfig, round: int) -> lis
     if cfg.participation is not None:
         return fed.sample(round, fraction=cfg.participation)
     return fed.sample(round, k=cfg.clients_per_round)
+
+
+def local_plan(
+    fed: Federation, cfg: FedAvgConfig, ids: list[int], round: int
+) -> tuple[dict[str, LocalSchedule], dict[int, dict[str, LocalSchedule]] | None]:
+    """The `schedule` payload: one broadcast LocalSchedule, or with a `local_schedule` one
+    per client carrying its H_{i,r} (the server-as-client's id m included when asked)."""
+    offset = cfg.lr_offset if cfg.lr_schedule == "harmonic" else None
+    if cfg.local_schedule is None:
+        return {"schedule": LocalSchedule(cfg.batch_size, cfg.local_epochs, cfg.local_steps, offset)}, None
+    return {}, {
+        c: {"schedule": LocalSchedule(cfg.batch_size, None, local_steps(cfg.local_schedule, c, round, fed.seed), offset)}
+        for c in ids
+    }
+
+
+def call_with_server(
+    fed: Federation, fn: Any, ids: list[int], cfg: FedAvgConfig, round: int, server: ServerClient | None, **payload: Any
+) -> list[Any]:
+    """fed.call for the sampled clients, then (with `server_as_client`) the server's own
+    update on the driver, appended last."""
+    common, per_client = local_plan(fed, cfg, ids, round)
+    results: list[Any] = fed.call(ids, fn, round=round, per_client=per_client, **common, **payload)
+    if server is not None:
+        _, mine = local_plan(fed, cfg, [server.id], round)
+        schedule = mine[server.id] if mine is not None else common
+        results.append(server.run(fn, round, **schedule, **payload))
+    return results
+
+
+def update_weights(fed: Federation, results: list[Any], kind: str, server: ServerClient | None) -> np.ndarray:
+    """Aggregation weights over `results`, by sample count or uniform, summing to 1."""
+    if server is None:
+        return fed.client_weights([res.client for res in results], kind)
+    w = np.array([res.num_samples for res in results], dtype=np.float64) if kind == "samples" else np.ones(len(results))
+    return w / w.sum()
 
 
 def weighted_mean(results: list[ClientResult], key: str, weights: np.ndarray) -> np.ndarray:
@@ -128,19 +183,19 @@ def check_finite(x: np.ndarray, round: int) -> None:
 
 def run_fedavg(fed: Federation, cfg: FedAvgConfig, run: RunConfig) -> dict[str, Any]:
     """FedAvg and FedProx (prox_mu = cfg.mu for FedProx)."""
-    schedule = LocalSchedule(cfg.batch_size, cfg.local_epochs, cfg.local_steps)
     prox_mu = getattr(cfg, "mu", 0.0)
+    server = ServerClient(fed) if cfg.server_as_client else None
     x = fed.initial_params()
     metrics: dict[str, Any] = {}
     for r in range(run.rounds):
         ids = clients_this_round(fed, cfg, r)
-        results = fed.call(
-            ids, fedavg_client, round=r, params=x, lr=cfg.lr, schedule=schedule,
+        results = call_with_server(
+            fed, fedavg_client, ids, cfg, r, server, params=x, lr=cfg.lr,
             weight_decay=cfg.weight_decay, prox_mu=prox_mu,
         )
         metrics = {"num_updates": 0}
         if results:  # late and failed clients are not in `results`: never applied
-            weights = fed.client_weights([res.client for res in results], cfg.weighting)
+            weights = update_weights(fed, results, cfg.weighting, server)
             x = (x + cfg.server_lr * weighted_mean(results, "delta", weights)).astype(np.float32)
             check_finite(x, r)
             metrics = round_metrics(fed, results, weights)
@@ -150,23 +205,24 @@ def run_fedavg(fed: Federation, cfg: FedAvgConfig, run: RunConfig) -> dict[str, 
 
 
 def run_scaffold(fed: Federation, cfg: ScaffoldConfig, run: RunConfig) -> dict[str, Any]:
-    schedule = LocalSchedule(cfg.batch_size, cfg.local_epochs, cfg.local_steps)
+    server = ServerClient(fed) if cfg.server_as_client else None
+    num_clients = fed.num_clients + (server is not None)
     x = fed.initial_params()
     control = np.zeros_like(x)
     metrics: dict[str, Any] = {}
     for r in range(run.rounds):
         ids = clients_this_round(fed, cfg, r)
-        results = fed.call(
-            ids, scaffold_client, round=r, params=x, control=control, lr=cfg.lr,
-            schedule=schedule, weight_decay=cfg.weight_decay,
+        results = call_with_server(
+            fed, scaffold_client, ids, cfg, r, server, params=x, control=control, lr=cfg.lr,
+            weight_decay=cfg.weight_decay,
         )
         metrics = {"num_updates": 0}
         if results:
-            weights = fed.client_weights([res.client for res in results], cfg.weighting)
+            weights = update_weights(fed, results, cfg.weighting, server)
             x = (x + cfg.server_lr * weighted_mean(results, "delta", weights)).astype(np.float32)
             uniform = np.full(len(results), 1.0 / len(results))
             dc = weighted_mean(results, "delta_control", uniform)
-            control = (control + len(results) / fed.num_clients * dc).astype(np.float32)
+            control = (control + len(results) / num_clients * dc).astype(np.float32)
             check_finite(x, r)
             metrics = round_metrics(fed, results, weights)
         metrics.update(evaluate_if_due(fed, x, r, run))

@@ -1,0 +1,352 @@
+"""ZO-HFL: randomized zeroth-order hierarchical (bilevel) federated learning.
+
+Qiu, Kim, Yousefian, "A Randomized Zeroth-Order Hierarchical Framework for Heterogeneous
+Federated Learning", arXiv 2504.01839 (revised version; spec: ../shared/specs/zo-hfl.md).
+
+    min_x  f1(x) + sum_i w_i f2(x, y_i(x)),   y_i(x) = argmin_{y in Y_i(x)} CE_i(y) + mu/2 ||x - y||^2
+
+The server owns data (f1, first-order) and the clients solve the lower level; the implicit
+penalty f2(x, y_i(x)) = lam/2 ||x - y_i(x)||^2 is nonsmooth in general, so the server steps on
+its spherical smoothing with two-point estimates built from the clients' two solves at
+x_r +- eta v_{i,r}. Every round (Alg. 1):
+
+    3: draw v_{i,r} uniform on the unit sphere; send x_r and v_{i,r} (or its seed) to client i
+    5: client i runs Alg. 2 twice: y+- = H_{i,r} projected-SGD steps at x_r +- eta v_{i,r}
+    7: g = grad f1~(x_r, xi_r) + sum_i w_i (d / 2 eta)(f2(x_r + eta v, y+) - f2(x_r - eta v, y-)) v
+    8: x_{r+1} = x_r - gamma_r g,  gamma_r = gamma_0 / (r + 1)^p
+
+Defaults are the paper's Sec. IV values where it gives them and the spec's section-5
+recommendations where it does not (lam = 1, mu = 0.1, batch 64, x_0 = 0, warm starts, common
+random numbers, self-normalised weights over participants).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from rayfl.algorithms.base import eval_due
+from rayfl.algorithms.fedavg import check_finite, clients_this_round
+from rayfl.algorithms.kernels import CrossEntropyGrad
+from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
+from rayfl.engine import ClientContext, ClientResult, Federation
+from rayfl.engine.federation import evaluate_arrays
+from rayfl.zo.estimator import quadratic_penalty, quadratic_penalty_difference, two_point_estimate
+from rayfl.zo.lower_level import minibatch_indices, projected_sgd
+from rayfl.zo.projection import ConstraintConfig, project
+from rayfl.zo.schedules import StepsSchedule, check_budget_fields, local_steps
+from rayfl.zo.sphere import direction_seed, sphere_from_seed
+
+SHARED_DIRECTION = -1  # the `client` of the direction stream when one v_r serves every client
+
+
+@dataclass
+class ZOHFLConfig(AlgorithmConfig):
+    """ZO-HFL (arXiv 2504.01839, Alg. 1 + 2; Sec. IV for the experimental values).
+
+    Server: `server_lr` gamma_0 = 0.01 and `server_lr_power` p = 0.5 (gamma_r = 0.01/sqrt(r+1),
+    Sec. IV; p in (1/2, 1] for Thm 2's a.s. result); one minibatch of `server_batch_size` from
+    its own data per round (f1); x_0 = 0 (`init: zeros`) or the model's initialisation, after
+    `server_pretrain_steps` SGD steps on f1 (0: the paper's "pre-training" is the f1 term).
+    Zeroth order: `eta` = 0.1; penalty f2 = `lam`/2 ||x - y||^2 (lam not reported; 1 by the
+    spec's rule gamma_0 lam sqrt(d) <~ 1; lam = 0 is server-only SGD: the clients are then not
+    called); `directions` independent per client (the paper's v_{i,r}) or one shared v_r.
+    Clients: H_{i,r} from `local_schedule` (sqrt, tau = 20 in Table I), step `lr`/(t +
+    `lr_offset`) = 0.1/(t+1), minibatch `batch_size`, lower level CE + `mu`/2 ||x - y||^2
+    (mu = 0.1; larger mu keeps clients near x under extreme heterogeneity, Sec. IV), projected
+    on `constraint`. `client_init: warm` starts both solves at Pi[y_bar_i], the client's last
+    (y+ + y-)/2 (the global model at its first call); `input` at x_r +- eta v. `randomness:
+    common` gives both solves the same minibatches (the d/2eta ~ 4e4 factor would otherwise
+    amplify independent SGD noise; spec 5.2). Aggregation: `weights` data_size (rho_i =
+    N_i / sum_j N_j, Sec. IV) or uniform (1/m, the theory); `aggregation: participants`
+    renormalises them over the round's clients, `unbiased` scales by m/|S_r|, `all_clients`
+    calls every client with H = 0 for those not sampled (the paper's straggler reading).
+    Communication: `send_direction: seed` sends 8 bytes instead of v; `upload: scalars` sends
+    f2(x+, y+) and f2(x-, y-) (and ||x_r - y_bar||^2 for the logged loss) instead of y+-."""
+
+    name: str = "zo_hfl"
+    local_epochs: int | None = None
+    local_steps: int | None = None
+    local_schedule: StepsSchedule = field(default_factory=StepsSchedule)
+    batch_size: int = 64
+    lr: float = 0.1
+    lr_offset: float = 1.0
+    server_lr: float = 0.01
+    server_lr_power: float = 0.5
+    server_batch_size: int = 64
+    server_pretrain_steps: int = 0
+    eta: float = 0.1
+    lam: float = 1.0
+    mu: float = 0.1
+    weights: Literal["data_size", "uniform"] = "data_size"
+    aggregation: Literal["participants", "unbiased", "all_clients"] = "participants"
+    randomness: Literal["common", "independent"] = "common"
+    directions: Literal["per_client", "shared"] = "per_client"
+    init: Literal["zeros", "model"] = "zeros"
+    client_init: Literal["warm", "input"] = "warm"
+    constraint: ConstraintConfig = field(default_factory=ConstraintConfig)
+    send_direction: Literal["vector", "seed"] = "vector"
+    upload: Literal["models", "scalars"] = "models"
+
+    def validate(self) -> None:
+        check_budget_fields(self, self.local_schedule, "algorithm.local_schedule")
+        for key in ("eta", "server_lr", "lr_offset"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"algorithm.{key}", f"must be > 0, got {getattr(self, key)}")
+        for key in ("lam", "mu", "server_lr_power", "server_pretrain_steps"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"algorithm.{key}", f"must be >= 0, got {getattr(self, key)}")
+        if self.server_batch_size < 1:
+            raise ConfigError("algorithm.server_batch_size", f"must be >= 1, got {self.server_batch_size}")
+        if self.weight_decay:
+            raise ConfigError("algorithm.weight_decay", "ZO-HFL's lower level is CE + mu/2 ||x - y||^2; use algorithm.mu")
+        self.constraint.validate_as("algorithm.constraint")
+
+
+# ---------------------------------------------------------------- client (Alg. 2, twice)
+
+
+def zo_hfl_client(
+    ctx: ClientContext,
+    params: np.ndarray,
+    steps: int,
+    eta: float,
+    lam: float,
+    mu: float,
+    lr: float,
+    lr_offset: float,
+    batch_size: int,
+    constraint: ConstraintConfig,
+    randomness: str = "common",
+    client_init: str = "warm",
+    upload: str = "models",
+    direction: np.ndarray | None = None,
+    direction_seed: int | None = None,
+) -> dict[str, Any]:
+    """Both lower-level solves of client i in round r, as one [2, d] projected-SGD run.
+
+    The direction arrives as a float32 vector or as the seed it was drawn from; either way the
+    client perturbs with the same float32 v. Stores y_bar = (y+ + y-)/2 for its next warm start."""
+    x = torch.tensor(params, dtype=torch.float32, device=ctx.device)
+    d = x.numel()
+    v_np = direction if direction is not None else sphere_from_seed(int(direction_seed), d).astype(np.float32)
+    v = torch.tensor(v_np, dtype=torch.float32, device=ctx.device)
+    centers = torch.stack([x + eta * v, x - eta * v])
+    if client_init == "warm":
+        y_bar = ctx.state.get("y_bar", x)
+        starts = project(y_bar.expand(2, d), centers, constraint, ctx.id)
+    else:
+        starts = centers
+    y, loss, _ = projected_sgd(
+        starts, centers, steps=steps, lr=lr, lr_offset=lr_offset, mu=mu, constraint=constraint,
+        data_grad=_minibatch_grad(ctx, steps, batch_size, randomness), client=ctx.id,
+        affords_step=lambda: ctx.work.affords_step(2 * min(batch_size, ctx.num_samples)),
+    )
+    y_bar = 0.5 * (y[0] + y[1])
+    ctx.state["y_bar"] = y_bar
+    if upload == "models":
+        return {"y_plus": y[0], "y_minus": y[1], "loss": loss}
+    c, yy = centers.cpu().numpy(), y.cpu().numpy()
+    return {
+        "f_plus": quadratic_penalty(c[0], yy[0], lam),
+        "f_minus": quadratic_penalty(c[1], yy[1], lam),
+        "gap": squared_distance(params, y_bar.cpu().numpy()),
+        "loss": loss,
+    }
+
+
+def _minibatch_grad(ctx: ClientContext, steps: int, batch_size: int, randomness: str):
+    """The data term's stochastic gradient for the [2, d] solve, charging both gradient steps:
+    common random numbers share one index stream (and one matmul); `independent` gives each
+    solve its own stream."""
+    n = ctx.num_samples
+    if n == 0 or steps == 0:
+        return None
+    kernel = CrossEntropyGrad(ctx.model)
+    xs, ts = kernel.prepare(ctx.x, ctx.y)
+    b = min(batch_size, n)
+    if randomness == "common":
+        idx = minibatch_indices(ctx.rng("zo_hfl.batches"), n, b, steps).to(xs.device)
+
+        def grad(y: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+            ctx.work.gradient_step(b)
+            ctx.work.gradient_step(b)
+            return kernel(y, xs.index_select(0, idx[t]), ts.index_select(0, idx[t]), shared=True)
+
+        return grad
+    pair = torch.stack(
+        [minibatch_indices(ctx.rng(f"zo_hfl.batches.{s}"), n, b, steps) for s in ("plus", "minus")], dim=1
+    ).to(xs.device)  # [steps, 2, b]
+
+    def grad_independent(y: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.work.gradient_step(b)
+        ctx.work.gradient_step(b)
+        return kernel(y, xs[pair[t]], ts[pair[t]], shared=False)
+
+    return grad_independent
+
+
+# ---------------------------------------------------------------- server (Alg. 1)
+
+
+def run_zo_hfl(fed: Federation, cfg: ZOHFLConfig, run: RunConfig) -> dict[str, Any]:
+    server = fed.server_data  # built once: the property copies the server's rows
+    kernel = CrossEntropyGrad(fed.model)
+    rho = fed.client_weights(None, "samples" if cfg.weights == "data_size" else "uniform")
+    x = initial_point(fed, cfg)
+    x = pretrain(x, server, kernel, cfg)
+    penalty = PenaltyTracker(cfg.lam, rho)
+    metrics: dict[str, Any] = {}
+    for r in range(run.rounds):
+        sampled = clients_this_round(fed, cfg, r)
+        x32 = x.astype(np.float32)
+        estimates: list[tuple[int, np.ndarray]] = []
+        results: list[ClientResult] = []
+        if cfg.lam > 0:  # with lam = 0 nothing a client returns can move x: server-only SGD
+            results, directions = call_clients(fed, cfg, r, x32, sampled)
+            for res in results:
+                v = directions[res.client]
+                estimates.append((res.client, two_point_estimate(penalty_difference(res, x32, v, cfg), 0.0, v, cfg.eta)))
+                penalty.update(res)
+        f1_loss, g1 = server_gradient(server, kernel, x32, cfg.server_batch_size, r)
+        w = aggregation_weights(rho, [c for c, _ in estimates], len(sampled), cfg.aggregation)
+        g_zo = sum((wi * est for wi, (_, est) in zip(w, estimates, strict=True)), np.zeros_like(x))
+        gamma = cfg.server_lr / (r + 1) ** cfg.server_lr_power
+        x = x - gamma * (g1 + g_zo)  # line 8: a plain SGD step, no projection on x
+        check_finite(x, r)
+        metrics = {
+            "num_updates": len(results),
+            "server_loss": f1_loss,
+            "train_loss": _mean_local_loss(results, w),
+            "zo_grad_norm": float(np.linalg.norm(g_zo)),
+            "server_lr": gamma,
+            "local_steps_mean": float(np.mean([res.local_steps for res in results])) if results else 0.0,
+        }
+        if eval_due(r, run):
+            x_eval = x.astype(np.float32)
+            metrics.update(objective(fed, server, x_eval, penalty))
+            test = fed.evaluate(x_eval)
+            fed.log_eval(r, test)
+            metrics.update(test)
+        fed.log_round(r, **metrics)
+    return {"final_params": x.astype(np.float32), **metrics}
+
+
+def call_clients(
+    fed: Federation, cfg: ZOHFLConfig, r: int, x32: np.ndarray, sampled: list[int]
+) -> tuple[list[ClientResult], dict[int, np.ndarray]]:
+    """Lines 3-6: draw v_{i,r}, send x_r and v (or its seed), gather both solves' answers.
+    Returns the results and the float32-exact directions (as float64) the clients used."""
+    called = list(range(fed.num_clients)) if cfg.aggregation == "all_clients" else sampled
+    in_round = set(sampled)
+    d = x32.size
+    seeds = {i: direction_seed(fed.seed, r, SHARED_DIRECTION if cfg.directions == "shared" else i) for i in called}
+    v32 = {i: sphere_from_seed(s, d).astype(np.float32) for i, s in seeds.items()}
+    per_client: dict[int, dict[str, Any]] = {}
+    for i in called:
+        per_client[i] = {"steps": local_steps(cfg.local_schedule, i, r, fed.seed) if i in in_round else 0}
+        per_client[i].update({"direction": v32[i]} if cfg.send_direction == "vector" else {"direction_seed": seeds[i]})
+    results = fed.call(
+        called, zo_hfl_client, round=r, per_client=per_client, phase="zo_solves",
+        params=x32, eta=cfg.eta, lam=cfg.lam, mu=cfg.mu, lr=cfg.lr, lr_offset=cfg.lr_offset,
+        batch_size=cfg.batch_size, constraint=cfg.constraint, randomness=cfg.randomness,
+        client_init=cfg.client_init, upload=cfg.upload,
+    )
+    return results, {i: v.astype(np.float64) for i, v in v32.items()}
+
+
+def penalty_difference(res: ClientResult, x32: np.ndarray, v: np.ndarray, cfg: ZOHFLConfig) -> float:
+    """f2(x + eta v, y+) - f2(x - eta v, y-) in float64, from the models or the client's scalars."""
+    if cfg.upload == "scalars":
+        return float(res["f_plus"]) - float(res["f_minus"])
+    return quadratic_penalty_difference(x32, v, cfg.eta, res["y_plus"], res["y_minus"], cfg.lam)
+
+
+def aggregation_weights(rho: np.ndarray, clients: list[int], num_sampled: int, how: str) -> np.ndarray:
+    """w_i for the clients that answered: rho_i renormalised over them (`participants`,
+    `all_clients`), or (m / |S_r|) rho_i (`unbiased`, rho summing to 1 over all m clients)."""
+    if not clients:
+        return np.zeros(0)
+    w = rho[np.asarray(clients)]
+    if how == "unbiased":
+        return w * (len(rho) / max(num_sampled, 1))
+    return w / w.sum()
+
+
+def server_gradient(server: Any, kernel: CrossEntropyGrad, x32: np.ndarray, batch_size: int, r: int) -> tuple[float, np.ndarray]:
+    """Line 7's grad f1~(x_r, xi_r) on one minibatch of the server's data (0 without any)."""
+    if server is None:
+        return float("nan"), np.zeros(x32.size)
+    xb, yb = server.batch(batch_size, r, purpose="zo_hfl.server_batch")
+    loss, grad = kernel(torch.from_numpy(x32)[None], *kernel.prepare(xb, yb))
+    return float(loss[0]), grad[0].double().numpy()
+
+
+def initial_point(fed: Federation, cfg: ZOHFLConfig) -> np.ndarray:
+    """x_0 in float64: zeros (spec 5.6; the softmax model is convex in x) or the model's init."""
+    if cfg.init == "zeros":
+        return np.zeros(fed.num_params, dtype=np.float64)
+    return fed.initial_params().astype(np.float64)
+
+
+def pretrain(x: np.ndarray, server: Any, kernel: CrossEntropyGrad, cfg: ZOHFLConfig) -> np.ndarray:
+    """Optional SGD on f1 alone before round 0, at step gamma_0 (spec 5.6)."""
+    if server is None:
+        return x
+    for s in range(cfg.server_pretrain_steps):
+        xb, yb = server.batch(cfg.server_batch_size, s, purpose="zo_hfl.pretrain")
+        _, grad = kernel(torch.from_numpy(x.astype(np.float32))[None], *kernel.prepare(xb, yb))
+        x = x - cfg.server_lr * grad[0].double().numpy()
+    return x
+
+
+class PenaltyTracker:
+    """lam/2 sum_i rho_i ||x - y_bar_i||^2 with each client's latest y_bar (spec 5.14): exact
+    for the current x when clients upload models, from their last reported gap otherwise.
+    Clients never called yet contribute nothing."""
+
+    def __init__(self, lam: float, rho: np.ndarray):
+        self.lam = lam
+        self.rho = rho
+        self.y_bar: dict[int, np.ndarray] = {}
+        self.gap: dict[int, float] = {}
+
+    def update(self, res: ClientResult) -> None:
+        if "y_plus" in res.values:
+            self.y_bar[res.client] = 0.5 * (res["y_plus"] + res["y_minus"])
+        else:
+            self.gap[res.client] = float(res["gap"])
+
+    def value(self, x: np.ndarray) -> float:
+        squared = {i: squared_distance(x, y) for i, y in self.y_bar.items()} | self.gap
+        return 0.5 * self.lam * sum(float(self.rho[i]) * s for i, s in squared.items())
+
+
+def squared_distance(a: np.ndarray, b: np.ndarray) -> float:
+    e = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    return float(e @ e)
+
+
+def objective(fed: Federation, server: Any, x32: np.ndarray, penalty: PenaltyTracker) -> dict[str, float]:
+    """The upper-level objective f(x) = f1(x) + penalty on all server data (Fig. 2's "global
+    loss", spec 5.14) and the CE of x on the whole training split."""
+    out: dict[str, float] = {}
+    f1 = 0.0
+    if server is not None:
+        f1 = evaluate_arrays(fed.model, x32, server.x.numpy(), server.y.numpy(), prefix="f1_")["f1_loss"]
+    pen = penalty.value(x32.astype(np.float64))
+    ds = fed.dataset
+    out.update(f1=f1, penalty=pen, global_loss=f1 + pen)
+    out["train_ce"] = evaluate_arrays(fed.model, x32, ds.train_x, ds.train_y, prefix="train_")["train_loss"]
+    return out
+
+
+def _mean_local_loss(results: list[ClientResult], w: np.ndarray) -> float:
+    losses = np.array([r["loss"] for r in results], dtype=np.float64)
+    ok = np.isfinite(losses)
+    if not ok.any():
+        return float("nan")
+    return float(np.sum(w[ok] * losses[ok]) / np.sum(w[ok]))

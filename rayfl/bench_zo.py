@@ -1,0 +1,74 @@
+"""`rayfl bench zo`: the wall-clock cost of a ZO-HFL round against FedAvg rounds.
+
+ZO-HFL's client does two lower-level solves of H_{i,r} steps per round (2 H gradient steps);
+FedAvg with the same schedule does H. Both run on the same data (the offline MNIST subset by
+default), 10 clients all participating, the same H_{i,r} = ceil(tau sqrt(r + 1)) with tau = 20,
+on the same hosts. Measured per round from the `rounds` table's wall clock, rounds after the
+first (Ray warm-up) and before the last (evaluation) only:
+
+    zo_hfl          ZO-HFL (two solves of H: 2 H gradient steps per client)
+    fedavg_2H       FedAvg with 2 H steps: the same number of local gradient steps
+    fedavg_H        FedAvg with H steps: the same schedule
+
+and again with a constant H = 299 (the mean of ceil(20 sqrt(r + 1)) over R = 500 rounds), the
+per-round cost of a typical round of the Table I runs. Writes a JSON summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MEAN_H_TAU20_R500 = 299  # 149,507 / 500
+
+VARIANTS = {
+    "zo_hfl": ["algorithm.name=zo_hfl"],
+    "fedavg_2H": ["algorithm.name=fedavg", "algorithm.local_schedule.multiplier=2"],
+    "fedavg_H": ["algorithm.name=fedavg"],
+}
+
+
+def round_seconds(run_dir: Path) -> np.ndarray:
+    """Wall seconds of each round but the first and the last."""
+    from rayfl.results import load
+
+    wall = load(run_dir).rounds.sort_values("round")["wall_time"].to_numpy()
+    return np.diff(wall)[:-1]  # diff[k] = round k+1; drop the last (it evaluates)
+
+
+def run_zo_bench(rounds: int, out: Path, source: str = "test_only", data_dir: str | None = None) -> dict[str, Any]:
+    from rayfl.config import load_config
+    from rayfl.runner import run_experiment
+
+    repo = Path(__file__).resolve().parents[1]
+    results_dir = out.parent / "results"
+    summary: dict[str, Any] = {"clients": 10, "participation": 1.0, "rounds_timed": max(rounds - 2, 1), "scenarios": {}}
+    scenarios = {
+        "tau20": ["algorithm.local_schedule.kind=sqrt", "algorithm.local_schedule.tau=20"],
+        f"constant_H{MEAN_H_TAU20_R500}": ["algorithm.local_schedule.kind=constant",
+                                           f"algorithm.local_schedule.tau={MEAN_H_TAU20_R500}"],
+    }
+    for scenario, schedule in scenarios.items():
+        seconds: dict[str, float] = {}
+        for name, extra in VARIANTS.items():
+            job = repo / "jobs" / f"zohfl_table1_{extra[0].split('=')[1]}.yaml"
+            overrides = [
+                f"data.source={source}", *([f"data.data_dir={data_dir}"] if data_dir else []),
+                "algorithm.participation=1.0", "partition.alpha=1", *extra[1:], *schedule,
+                f"run.rounds={rounds}", f"run.eval_every={rounds}", f"output.dir={results_dir}",
+                "run.experiment=bench_zo", f"run.run_id={scenario}-{name}",
+            ]
+            outcome = run_experiment(load_config(job, overrides))
+            per_round = round_seconds(outcome.run_dir)
+            seconds[name] = float(np.median(per_round))
+        summary["scenarios"][scenario] = {
+            "seconds_per_round_median": {k: round(v, 4) for k, v in seconds.items()},
+            "zo_over_fedavg_same_gradient_steps": round(seconds["zo_hfl"] / seconds["fedavg_2H"], 3),
+            "zo_over_fedavg_same_schedule": round(seconds["zo_hfl"] / seconds["fedavg_H"], 3),
+        }
+    summary["meets_1.5x"] = all(s["zo_over_fedavg_same_gradient_steps"] <= 1.5 for s in summary["scenarios"].values())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=2))
+    return summary
