@@ -55,6 +55,7 @@ def test_int_accepted_for_float_field():
         (["data.split=random"], "data.split", "pooled"),  # bad literal
         (["data.dataset=mnist", "partition.method=iid", "data.download=false", "data.data_dir=/nonexistent/x"], "data.data_dir", "does not exist"),
         (["algorithm.mu=-1", "algorithm.name=fedprox"], "algorithm.mu", ">= 0"),
+        (["algorithm.name=fedbuff", "algorithm.server_as_client=true"], "algorithm.server_as_client", "asynchronous"),
     ],
 )
 def test_bad_values_name_the_key(overrides, key, hint):

@@ -33,6 +33,9 @@ class AsyncConfig(FedAvgConfig):
 
     def validate(self) -> None:
         super().validate()
+        if self.local_schedule is not None or self.server_as_client:
+            bad = "local_schedule" if self.local_schedule is not None else "server_as_client"
+            raise ConfigError(f"algorithm.{bad}", "is not supported by the asynchronous algorithms")
         if self.concurrency < 1:
             raise ConfigError("algorithm.concurrency", f"must be >= 1, got {self.concurrency}")
         if self.staleness_a < 0 or self.staleness_b < 0:
@@ -99,7 +102,8 @@ class Dispatcher:
     def __init__(self, fed: Federation, cfg: AsyncConfig, x: np.ndarray):
         self.fed, self.cfg = fed, cfg
         self.pool: AsyncPool = fed.async_pool()
-        self.schedule = LocalSchedule(cfg.batch_size, cfg.local_epochs, cfg.local_steps)
+        offset = cfg.lr_offset if cfg.lr_schedule == "harmonic" else None
+        self.schedule = LocalSchedule(cfg.batch_size, cfg.local_epochs, cfg.local_steps, offset)
         self.models: dict[int, np.ndarray] = {fed.model_version: x}
         self.picks = 0
         self.sizes = fed.client_sizes
