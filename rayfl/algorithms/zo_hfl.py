@@ -52,8 +52,10 @@ class ZOHFLConfig(AlgorithmConfig):
     its own data per round (f1); x_0 = 0 (`init: zeros`) or the model's initialisation, after
     `server_pretrain_steps` SGD steps on f1 (0: the paper's "pre-training" is the f1 term).
     Zeroth order: `eta` = 0.1; penalty f2 = `lam`/2 ||x - y||^2 (lam not reported; 1 by the
-    spec's rule gamma_0 lam sqrt(d) <~ 1; lam = 0 is server-only SGD: the clients are then not
-    called); `directions` independent per client (the paper's v_{i,r}) or one shared v_r.
+    spec's rule gamma_0 lam sqrt(d) <~ 1: on MNIST lam = 10 or 100 leaves the global model at
+    chance, the estimate's noise ~ sqrt(d) times its signal; lam = 0 is server-only SGD, and
+    the clients are then not called); `directions` independent per client (the paper's
+    v_{i,r}) or one shared v_r.
     Clients: H_{i,r} from `local_schedule` (sqrt, tau = 20 in Table I), step `lr`/(t +
     `lr_offset`) = 0.1/(t+1), minibatch `batch_size`, lower level CE + `mu`/2 ||x - y||^2
     (mu = 0.1; larger mu keeps clients near x under extreme heterogeneity, Sec. IV), projected
