@@ -55,6 +55,7 @@ def run_scale_bench(clients: int, per_round: int, rounds: int, out: Path, job: s
     from rayfl.config import load_config
     from rayfl.data import build_federated_dataset
     from rayfl.results import load
+    from rayfl.results.load import read_manifest
     from rayfl.runner import run_experiment
 
     repo_job = Path(__file__).resolve().parents[1] / "jobs" / "scale_10k.yaml"
@@ -78,7 +79,7 @@ def run_scale_bench(clients: int, per_round: int, rounds: int, out: Path, job: s
     wall = res.rounds.sort_values("round")["wall_time"].to_numpy()
     per_round_s = np.diff(np.concatenate([[0.0], wall]))
     steady = per_round_s[1:] if len(per_round_s) > 1 else per_round_s
-    manifest = json.loads((outcome.run_dir / "manifest.json").read_text())
+    manifest = read_manifest(outcome.run_dir)
     result = {
         "clients": clients,
         "clients_per_round": per_round,

@@ -33,7 +33,7 @@ VARIANTS = {
 }
 
 
-def round_seconds(run_dir: Path) -> np.ndarray:
+def round_seconds(run_dir: str | Path) -> np.ndarray:
     """Wall seconds of each round but the first and the last."""
     from rayfl.results import load
 

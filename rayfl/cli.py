@@ -15,6 +15,7 @@ examples:
   rayfl run jobs/digits_fedavg.yaml --set algorithm.lr=0.1 --set run.seed=3
   rayfl run jobs/x.yaml --address auto        on a running Ray cluster (or set RAY_ADDRESS)
   ray job submit --working-dir . -- rayfl run jobs/x.yaml
+  rayfl resume results/default/<run_id>       continue a stopped or killed run from its checkpoint
   rayfl validate jobs/x.yaml                  check a job and print the resolved config
   rayfl partition jobs/x.yaml --plot part.png the client x class matrix of a job's partition
   rayfl report results/                       tables and plots from finished runs
@@ -48,7 +49,17 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Run a job on a local Ray instance or a cluster and stream results to Parquet.")
     job_args(run)
     run.add_argument("--address", help="Ray address ('auto' for a running cluster); default: RAY_ADDRESS or local")
-    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--quiet", action="store_true", help="no progress bar or dataset summary")
+
+    res = sub.add_parser(
+        "resume", help="continue a stopped, killed or failed run from its last checkpoint",
+        description="Continue a run in its own directory from its last checkpoint (saved every "
+                    "output.checkpoint_every rounds and on SIGTERM / Ctrl-C). Rows written after the "
+                    "checkpoint are dropped and produced again: the finished tables equal an "
+                    "uninterrupted run's.",
+    )
+    res.add_argument("run_dir", help="the run's directory or URI: <output.dir>/<experiment>/<run_id>")
+    res.add_argument("--quiet", action="store_true", help="no progress bar")
 
     val = sub.add_parser("validate", help="check a job and print its resolved config")
     job_args(val)
@@ -86,15 +97,36 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. A user mistake (bad config value or file, unreadable data or trace, a
+    resource request the cluster cannot meet, a taken run id) is one line on stderr and exit
+    status 2, wherever it is found, Ray started or not; anything else is a bug and keeps its
+    traceback."""
     args = build_parser().parse_args(argv)
-    from rayfl.config import ConfigError
-    from rayfl.data import DatasetError
+    from rayfl.engine.federation import RunInterrupted
 
     try:
         return COMMANDS[args.command](args)
-    except (ConfigError, DatasetError) as e:
-        print(f"rayfl: error: {e}", file=sys.stderr)
+    except user_errors() as e:
+        print(f"rayfl: error: {one_line(e)}", file=sys.stderr)
         return 2
+    except RunInterrupted as e:
+        print(f"rayfl: {e}", file=sys.stderr)
+        return 130
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions that mean "the user asked for something wrong", not "rayfl is broken"
+    (ResourceError is a ConfigError; RunExistsError a FileExistsError from the writer)."""
+    from rayfl.config import ConfigError
+    from rayfl.data import DatasetError
+    from rayfl.results.writer import RunExistsError
+
+    return (ConfigError, DatasetError, RunExistsError)
+
+
+def one_line(e: BaseException) -> str:
+    """The message on a single line (some libraries' messages span several)."""
+    return " ".join(str(e).split()) or type(e).__name__
 
 
 def _load(args: argparse.Namespace):
@@ -113,9 +145,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     from rayfl.runner import run_experiment
 
     dataset = build_federated_dataset(cfg.data, cfg.partition, cfg.run.seed)
-    print(dataset.summary(), file=sys.stderr)
+    if not args.quiet:
+        print(dataset.summary(), file=sys.stderr)
     with RoundProgress(cfg.run.rounds, enabled=not args.quiet) as bar:
         outcome = run_experiment(cfg, progress=bar.update, dataset=dataset)
+    final = {k: v for k, v in outcome.summary.items() if isinstance(v, (int, float))}
+    print(f"results: {outcome.run_dir}")
+    print(json.dumps(final, indent=None, default=float))
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from rayfl.progress import RoundProgress
+    from rayfl.runner import resume_experiment, resume_target
+
+    with RoundProgress(resume_target(args.run_dir), enabled=not args.quiet) as bar:
+        outcome = resume_experiment(args.run_dir, progress=bar.update)
     final = {k: v for k, v in outcome.summary.items() if isinstance(v, (int, float))}
     print(f"results: {outcome.run_dir}")
     print(json.dumps(final, indent=None, default=float))
@@ -146,7 +191,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from rayfl.report import write_report
 
-    for line in write_report(Path(args.path), Path(args.out) if args.out else None, args.metric):
+    for line in write_report(args.path, Path(args.out) if args.out else None, args.metric):
         print(line)
     return 0
 
@@ -171,6 +216,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "run": cmd_run,
+    "resume": cmd_resume,
     "validate": cmd_validate,
     "partition": cmd_partition,
     "report": cmd_report,

@@ -9,6 +9,7 @@ never costs a cluster allocation.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -25,6 +26,14 @@ class ConfigError(ValueError):
     def __init__(self, key: str, message: str):
         super().__init__(f"{key}: {message}")
         self.key = key
+
+
+class _NotFinite(ConfigError):
+    """A NaN or infinite number: reported as such even where a union (`float | None`) would
+    otherwise fall back to the generic "expected float or null"."""
+
+
+DEFAULT_CLIENTS_PER_ROUND = 10
 
 
 DATASETS = ("synthetic", "digits", "mnist", "fashion_mnist", "cifar10")
@@ -48,6 +57,9 @@ class RunConfig:
         _non_negative("run.seed", self.seed)
         if not self.experiment or "/" in self.experiment:
             raise ConfigError("run.experiment", "must be a non-empty name without '/'")
+        rid = self.run_id
+        if rid is not None and (not rid or "/" in rid or rid in (".", "..")):
+            raise ConfigError("run.run_id", f"must be a name without '/' (or null), got {rid!r}")
 
 
 @dataclass
@@ -153,8 +165,8 @@ class ModelConfig:
         _choice("model.name", self.name, MODELS)
         for i, h in enumerate(self.hidden):
             _positive(f"model.hidden[{i}]", h)
-        if self.name == "relu1" and len(self.hidden) < 1:
-            raise ConfigError("model.hidden", "relu1 needs one hidden width")
+        if self.name in ("mlp", "relu1") and len(self.hidden) < 1:
+            raise ConfigError("model.hidden", f"{self.name} needs a hidden width, e.g. [200, 200]")
         _positive("model.conv_channels", self.conv_channels)
 
 
@@ -164,15 +176,32 @@ class AlgorithmConfig:
     hyper-parameters (see `rayfl.algorithms`); `name` picks the subclass."""
 
     name: str = "fedavg"
-    clients_per_round: int | None = 10
+    # Set one of the two (the other null); neither gives DEFAULT_CLIENTS_PER_ROUND per round.
+    clients_per_round: int | None = None
     participation: float | None = None
     local_epochs: int | None = 1
     local_steps: int | None = None
     batch_size: int = 32
     lr: float = 0.05
     weight_decay: float = 0.0
+    # A client answer with NaN / Inf is never applied: `drop` logs it (outcome nonfinite) and
+    # goes on, `fail` stops the run.
+    nonfinite: Literal["drop", "fail"] = "drop"
+
+    def __post_init__(self) -> None:
+        # Resolved here, not as the field default, so that a job giving only `participation`
+        # samples a fraction, while one giving both is caught by validate().
+        if self.clients_per_round is None and self.participation is None:
+            self.clients_per_round = DEFAULT_CLIENTS_PER_ROUND
 
     def validate(self) -> None:
+        if self.clients_per_round is not None and self.participation is not None:
+            raise ConfigError(
+                "algorithm.participation",
+                f"both algorithm.participation={self.participation} and "
+                f"algorithm.clients_per_round={self.clients_per_round} are set; keep one and set "
+                "the other to null (e.g. --set algorithm.clients_per_round=null for a fraction)",
+            )
         if self.clients_per_round is not None:
             _positive("algorithm.clients_per_round", self.clients_per_round)
         if self.participation is not None:
@@ -200,7 +229,18 @@ class EngineConfig:
     num_gpus_per_host: float = 0.0
     torch_threads: int = 1
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    max_restarts: int = 0
+    # A host that dies (killed, out of memory, node lost) or hangs past `task_timeout` wall
+    # seconds is replaced: its clients' state restored from the last checkpoint plus the tasks
+    # accepted since, its unfinished tasks re-run with the same seeds. At most `max_restarts`
+    # replacements per run, then the run fails.
+    max_restarts: int = 3
+    task_timeout: float | None = None
+    # Seconds to wait for every host to start before failing with what was asked and what the
+    # cluster has (an autoscaler may need minutes to add nodes: raise it there).
+    start_timeout: float = 120.0
+    # Fault injection for soak tests: kill a seeded-random host after every this many launched
+    # client tasks (0: never).
+    kill_host_every: int = 0
 
     def validate(self) -> None:
         if self.num_hosts is not None:
@@ -213,6 +253,10 @@ class EngineConfig:
             raise ConfigError("engine.num_gpus_per_host", "must be >= 0 (fractions like 0.25 share a GPU)")
         _positive("engine.torch_threads", self.torch_threads)
         _non_negative("engine.max_restarts", self.max_restarts)
+        if self.task_timeout is not None:
+            _positive_float("engine.task_timeout", self.task_timeout)
+        _positive_float("engine.start_timeout", self.start_timeout)
+        _non_negative("engine.kill_host_every", self.kill_host_every)
 
 
 @dataclass
@@ -339,14 +383,25 @@ class SystemConfig:
 
 @dataclass
 class OutputConfig:
-    """Where results go: `<dir>/<experiment>/<run_id>/{rounds,clients,evals}/part-*.parquet`."""
+    """Where results go: `<dir>/<experiment>/<run_id>/{rounds,clients,evals}/part-*.parquet`.
+
+    `dir` is a local path or a pyarrow filesystem URI (`s3://bucket/prefix`, `gs://...`); on a
+    cluster use an absolute shared path or a URI, since a relative one lands on the driver's
+    working directory. A run id that already holds a run is an error unless `overwrite` is set,
+    which removes the old run first (results are never replaced by accident)."""
 
     dir: str = "results"
     flush_every_rounds: int = 1
     log_clients: bool = True
+    overwrite: bool = False
+    # Save a checkpoint (server state, client states, clock, tasks in flight) every this many
+    # server rounds, and always when a run is stopped by SIGTERM / Ctrl-C; 0 only on a stop.
+    # `rayfl resume <run dir>` continues from it.
+    checkpoint_every: int = 10
 
     def validate(self) -> None:
         _positive("output.flush_every_rounds", self.flush_every_rounds)
+        _non_negative("output.checkpoint_every", self.checkpoint_every)
 
 
 @dataclass
@@ -375,6 +430,16 @@ class Config:
                 "algorithm.clients_per_round",
                 f"{alg.clients_per_round} exceeds partition.num_clients={self.partition.num_clients}",
             )
+        if getattr(alg, "server_as_client", False) and self.data.server_fraction == 0:
+            raise ConfigError(
+                "algorithm.server_as_client",
+                "the server owns no data; set data.server_fraction > 0",
+            )
+        if self.system.trace is not None:
+            # Read the trace's contents now (types, ranges, client ids), before Ray starts.
+            from rayfl.engine.system import read_trace
+
+            read_trace(Path(self.system.trace).expanduser(), self.partition.num_clients)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -402,11 +467,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if path is not None:
         p = Path(path)
         if not p.is_file():
-            raise ConfigError("job", f"file {p} does not exist")
+            problem = f"{p} is not a file" if p.exists() else f"file {p} does not exist"
+            raise ConfigError("job", problem)
         try:
             loaded = yaml.safe_load(p.read_text())
+        except OSError as e:
+            raise ConfigError("job", f"cannot read {p}: {e.strerror or e}") from e
+        except UnicodeDecodeError as e:
+            raise ConfigError("job", f"{p} is not a text (UTF-8) YAML file") from e
         except yaml.YAMLError as e:
-            raise ConfigError("job", f"{p} is not valid YAML: {e}") from e
+            raise ConfigError("job", f"{p} is not valid YAML: {_yaml_problem(e)}") from e
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, Mapping):
@@ -429,7 +499,7 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     try:
         value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError as e:
-        raise ConfigError(dotted, f"cannot parse value {text!r}: {e}") from e
+        raise ConfigError(dotted, f"cannot parse value {text!r}: {_yaml_problem(e)}") from e
     node = raw.setdefault(section, {})
     if not isinstance(node, dict):
         raise ConfigError(section, "must be a mapping")
@@ -479,12 +549,13 @@ def coerce(key: str, value: Any, hint: Any) -> Any:
     """Check `value` against a type hint, with the mild coercions YAML needs (int -> float)."""
     origin = get_origin(hint)
     if origin in (Union, types.UnionType):
-        errors = []
         for option in get_args(hint):
             try:
                 return coerce(key, value, option)
-            except ConfigError as e:
-                errors.append(str(e).split(": ", 1)[1])
+            except _NotFinite:
+                raise
+            except ConfigError:
+                continue
         raise ConfigError(key, f"got {value!r}; expected {_describe(hint)}")
     if hint is type(None):
         if value is None:
@@ -517,6 +588,8 @@ def coerce(key: str, value: Any, hint: Any) -> Any:
         number = _as_number(value)
         if number is None:
             raise ConfigError(key, f"got {value!r}; expected a number")
+        if not math.isfinite(number):
+            raise _NotFinite(key, f"got {value!r}; expected a finite number (not NaN or infinity)")
         return number
     if hint is str:
         if isinstance(value, str):
@@ -528,13 +601,21 @@ def coerce(key: str, value: Any, hint: Any) -> Any:
         return value
     if dataclasses.is_dataclass(hint):
         if hint is Distribution and _as_number(value) is not None:
-            return constant(_as_number(value))  # a bare number is a constant distribution
+            return constant(coerce(key, value, float))  # a bare number is a constant distribution
         if isinstance(value, hint):
             return value
         if not isinstance(value, Mapping):
             raise ConfigError(key, f"got {value!r}; expected a mapping with keys {[f.name for f in dataclasses.fields(hint)]}")
         return build_section(hint, value, key)
     raise ConfigError(key, f"unsupported type {hint}")
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """PyYAML's error on one line: the problem and where (its str() spans several lines)."""
+    problem = getattr(e, "problem", None) or getattr(e, "context", None) or str(e)
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return " ".join(f"{problem}{where}".split())
 
 
 def _as_number(value: Any) -> float | None:

@@ -6,15 +6,18 @@ from pathlib import Path
 
 from rayfl.results import load
 from rayfl.results.plots import plot_client_timeline, plot_curves, summary_table
+from rayfl.results.storage import Location
 from rayfl.results.zo_hfl import write_zo_hfl_report
 
 MAX_TIMELINES = 8
 
 
-def write_report(path: Path, out: Path | None = None, metric: str = "test_accuracy") -> list[str]:
-    """Load every run under `path`, print a summary table and write figures to `out`."""
+def write_report(path: str | Path, out: Path | None = None, metric: str = "test_accuracy") -> list[str]:
+    """Load every run under `path` (local or a URI such as `s3://bucket/results`), print a
+    summary table and write figures to `out`: by default `<path>/report` for a local path, and
+    `./report/<last name of the URI>` for a remote one (figures are for looking at, here)."""
     results = load(path)
-    out = out or (path / "report")
+    out = out or default_report_dir(path)
     out.mkdir(parents=True, exist_ok=True)
     lines = [summary_table(results, metric).to_string(index=False), ""]
     has_metric = metric in results.evals.columns or metric in results.rounds.columns
@@ -27,7 +30,15 @@ def write_report(path: Path, out: Path | None = None, metric: str = "test_accura
     for experiment, run_id in runs.itertuples(index=False):
         mine = results.clients[(results.clients["experiment"] == experiment) & (results.clients["run_id"] == run_id)]
         rounds = sorted(mine["round"].unique().tolist())[:3]
-        path = out / f"timeline_{experiment}_{run_id}.png"
-        lines.append(f"figure: {plot_client_timeline(results, str(run_id), rounds, path=path, experiment=str(experiment))}")
+        png = out / f"timeline_{experiment}_{run_id}.png"
+        lines.append(f"figure: {plot_client_timeline(results, str(run_id), rounds, path=png, experiment=str(experiment))}")
     lines += write_zo_hfl_report(results, out)  # Table I grid and Fig. 2 when there are such runs
     return lines
+
+
+def default_report_dir(path: str | Path) -> Path:
+    """Where figures go when `--out` is not given: beside the runs on local disk, else here."""
+    where = Location.parse(path)
+    if isinstance(where.name, Path):
+        return where.name / "report"
+    return Path("report") / (where.path.rstrip("/").rsplit("/", 1)[-1] or "results")

@@ -6,8 +6,12 @@ manifest and every flushed Parquet part on disk."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,23 +19,53 @@ from pathlib import Path
 from typing import Any
 
 from rayfl.algorithms import ALGORITHMS
-from rayfl.config import Config
+from rayfl.config import Config, ConfigError, config_from_dict
 from rayfl.data import FederatedDataset, build_federated_dataset
 from rayfl.engine import Federation
+from rayfl.engine.checkpoint import Checkpoint, load_checkpoint
+from rayfl.engine.resources import check_cluster
 from rayfl.results import RunWriter
+from rayfl.results.storage import Location, RunDir, is_uri
 
 ProgressFn = Callable[[dict[str, Any]], None]
 
 
 @dataclass
 class RunOutcome:
-    run_dir: Path
+    run_dir: RunDir  # a Path for a local output.dir, the run's URI for a remote one
     summary: dict[str, Any]
     wall_seconds: float
 
 
 def default_run_id(cfg: Config) -> str:
     return f"{cfg.algorithm.name}-s{cfg.run.seed}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+
+# Set by Ray's job supervisor (ray 2.60: dashboard/modules/job/job_supervisor.py) in the
+# environment of every `ray job submit` entrypoint; it holds the job's runtime_env and metadata.
+RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+
+def relative_output_in_job_warning(output_dir: str) -> str | None:
+    """The warning for a relative `output.dir` in a submitted Ray job, or None if it is fine.
+
+    The job's driver runs in Ray's temporary copy of `--working-dir` on the head node, which
+    is deleted with the session: results written there are not where the user looks."""
+    job = os.environ.get(RAY_JOB_ENV)
+    if job is None or is_uri(output_dir) or Path(output_dir).expanduser().is_absolute():
+        return None
+    try:
+        spec = json.loads(job)
+        submission = spec.get("metadata", {}).get("job_submission_id")
+        copied = bool(spec.get("runtime_env", {}).get("working_dir"))
+    except (ValueError, AttributeError):
+        submission, copied = None, True
+    where = "Ray's temporary copy of --working-dir" if copied else "the job driver's working directory"
+    return (
+        f"rayfl: output.dir={output_dir!r} is relative inside Ray job {submission or '(unknown)'}: "
+        f"results land in {Path(output_dir).absolute()}, {where} on the head node; "
+        "use an absolute shared path or an s3:// URI"
+    )
 
 
 def init_ray(cfg: Config) -> bool:
@@ -56,33 +90,95 @@ def run_experiment(
     cfg: Config,
     progress: ProgressFn | None = None,
     dataset: FederatedDataset | None = None,
-    on_start: Callable[[Path, Federation], None] | None = None,
+    on_start: Callable[[RunDir, Federation], None] | None = None,
 ) -> RunOutcome:
     """Run `cfg` to completion and return where its results are."""
     import ray
 
-    algorithm = ALGORITHMS[cfg.algorithm.name]
+    if (warning := relative_output_in_job_warning(cfg.output.dir)) is not None:
+        logging.getLogger(__name__).warning(warning)
     if dataset is None:
         dataset = build_federated_dataset(cfg.data, cfg.partition, cfg.run.seed)
     started_ray = init_ray(cfg)
+    try:
+        run_id = cfg.run.run_id or default_run_id(cfg)
+        manifest = {
+            "config": cfg.to_dict(),
+            "seed": cfg.run.seed,
+            "dataset": {
+                "name": dataset.name,
+                "num_clients": dataset.num_clients,
+                "train_samples": int(len(dataset.train_y)),
+                "test_samples": int(len(dataset.test_y)),
+                "server_samples": 0 if dataset.server_train is None else int(len(dataset.server_train)),
+                "empty_clients": [int(c) for c in dataset.empty_clients()],
+            },
+            "ray": {"address": ray.get_runtime_context().gcs_address, "resources": ray.cluster_resources()},
+        }
+        check_cluster(cfg.engine, dataset.num_clients)  # before a run directory exists
+        writer = RunWriter(cfg.output.dir, cfg.run.experiment, run_id, manifest, overwrite=cfg.output.overwrite)
+        return _execute(cfg, dataset, writer, None, progress, on_start)
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+
+def resume_experiment(
+    run_dir: str | Path,
+    progress: ProgressFn | None = None,
+    on_start: Callable[[RunDir, Federation], None] | None = None,
+) -> RunOutcome:
+    """Continue a stopped, killed or failed run from its last checkpoint, in its own directory:
+    rows written after the checkpoint are dropped and produced again, so the finished tables
+    equal an uninterrupted run's. Without a checkpoint the run starts over from round 0."""
+    location = Location.parse(run_dir)
+    manifest_at = location.child("manifest.json")
+    if not manifest_at.is_file():
+        raise ConfigError("run_dir", f"{location} holds no run (no manifest.json)")
+    manifest = json.loads(manifest_at.read_bytes())
+    if manifest.get("status") == "completed":
+        raise ConfigError("run_dir", f"{location} is already completed; nothing to resume")
+    cfg = config_from_dict(manifest["config"])
+    ckpt = load_checkpoint(location)
+    dataset = build_federated_dataset(cfg.data, cfg.partition, cfg.run.seed)
+    started_ray = init_ray(cfg)
+    try:
+        check_cluster(cfg.engine, dataset.num_clients)
+        writer = RunWriter.reopen(location.name, ckpt.parts if ckpt is not None else {})
+        return _execute(cfg, dataset, writer, ckpt, progress, on_start)
+    finally:
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def resume_target(run_dir: str | Path) -> int:
+    """How many rounds the run in `run_dir` has in all (for a progress bar)."""
+    location = Location.parse(run_dir)
+    try:
+        return int(json.loads(location.child("manifest.json").read_bytes())["config"]["run"]["rounds"])
+    except (OSError, KeyError, ValueError) as e:
+        raise ConfigError("run_dir", f"{location} holds no readable run manifest ({e})") from e
+
+
+def _execute(
+    cfg: Config,
+    dataset: FederatedDataset,
+    writer: RunWriter,
+    resume: Checkpoint | None,
+    progress: ProgressFn | None,
+    on_start: Callable[[RunDir, Federation], None] | None,
+) -> RunOutcome:
+    """The run itself, between an open writer and a closed one. SIGTERM and Ctrl-C ask it to
+    stop after the current round, with a checkpoint; a second one stops it at once."""
+    algorithm = ALGORITHMS[cfg.algorithm.name]
     t0 = time.perf_counter()
-    run_id = cfg.run.run_id or default_run_id(cfg)
-    manifest = {
-        "config": cfg.to_dict(),
-        "seed": cfg.run.seed,
-        "dataset": {
-            "name": dataset.name,
-            "num_clients": dataset.num_clients,
-            "train_samples": int(len(dataset.train_y)),
-            "test_samples": int(len(dataset.test_y)),
-            "server_samples": 0 if dataset.server_train is None else int(len(dataset.server_train)),
-        },
-        "ray": {"address": ray.get_runtime_context().gcs_address, "resources": ray.cluster_resources()},
-    }
     fed = None
     try:
-        with RunWriter(Path(cfg.output.dir), cfg.run.experiment, run_id, manifest) as writer:
-            fed = Federation(cfg, dataset, writer=writer, progress=progress)
+        with writer, StopSignals() as stop:
+            fed = Federation(cfg, dataset, writer=writer, progress=progress, resume=resume)
+            stop.federation = fed
             writer.update_manifest(
                 placement={"num_hosts": fed.placement.num_hosts, "hosts": fed.host_info},
                 num_params=fed.num_params,
@@ -91,11 +187,46 @@ def run_experiment(
                 on_start(writer.run_dir, fed)
             summary = algorithm.run(fed, cfg.algorithm, cfg.run)
             summary = {k: v for k, v in summary.items() if k != "final_params"}
-            summary.update(sim_time=fed.now, wall_seconds=time.perf_counter() - t0)
+            summary.update(
+                sim_time=fed.now, wall_seconds=time.perf_counter() - t0, tasks_issued=fed.tasks_issued,
+                tasks_discarded=fed.tasks_discarded, host_failures=fed.host_failures,
+            )
             writer.close("completed", summary=summary)
             return RunOutcome(writer.run_dir, summary, time.perf_counter() - t0)
     finally:
         if fed is not None:
             fed.shutdown()
-        if started_ray:
-            ray.shutdown()
+
+
+class StopSignals:
+    """While a run is going, SIGTERM (`kill`, `ray job stop`) and SIGINT (Ctrl-C) ask the
+    Federation to checkpoint after the current round and stop; a second signal stops at once.
+    Only the main thread can install handlers; elsewhere the defaults stay."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.federation: Federation | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        fed = self.federation
+        if fed is None or fed.stop_requested:
+            raise KeyboardInterrupt(f"signal {signum}")
+        fed.stop_requested = True
+        print(
+            f"rayfl: {signal.Signals(signum).name}: stopping after this round with a checkpoint "
+            "(send it again to stop at once)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)

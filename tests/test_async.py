@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import ray.cloudpickle as cloudpickle
@@ -142,6 +143,7 @@ def test_dropped_client_update_is_never_applied(ray_local, tmp_path):
     assert res.rounds["clients_dropped"].tolist() == [1, 1, 1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["fedbuff", "fedasync"])
 def test_async_runs_are_identical_with_1_and_4_hosts(ray_local, tmp_path, algorithm):
     frames = {}
@@ -166,6 +168,40 @@ def test_async_runs_are_identical_with_1_and_4_hosts(ray_local, tmp_path, algori
     assert clients["finish_time"].is_monotonic_increasing  # committed in simulated-time order
 
 
+def test_fedbuff_steps_on_exactly_buffer_size_fresh_updates(ray_local, tmp_path):
+    """Each server step applies exactly `buffer_size` ok updates; dropped and too-stale tasks are
+    logged but never counted or aggregated. A committed task belongs to the step during which it
+    arrived, i.e. the model version current at commit: version downloaded + staleness."""
+    rounds, buffer, max_staleness = 6, 3, 1
+    cfg = load_config(None, [
+        "data.dataset=digits", "partition.method=iid", "partition.num_clients=12",
+        "algorithm.name=fedbuff", "algorithm.concurrency=6", f"algorithm.buffer_size={buffer}",
+        f"algorithm.max_staleness={max_staleness}", "algorithm.lr=0.1", "algorithm.batch_size=16",
+        f"run.rounds={rounds}", "system.speed={dist: pareto, value: 1.0e8, shape: 1.2}", "system.dropout=0.2",
+        "engine.num_hosts=1", "engine.num_cpus_per_host=0.5", f"output.dir={tmp_path}",
+    ])
+    res = load(run_experiment(cfg).run_dir)
+    clients, steps = res.clients, res.rounds.sort_values("round").reset_index(drop=True)
+    assert steps["round"].tolist() == list(range(rounds))
+    clients = clients.assign(step=clients["version"] + clients["staleness"])
+    assert clients["step"].between(0, rounds - 1).all()
+    outcome = clients["outcome"]
+    assert (clients.loc[outcome == "ok", "staleness"] <= max_staleness).all()
+    assert (clients.loc[outcome == "stale", "staleness"] > max_staleness).all()
+    # the run exercised both filters: some updates came back too stale, some clients dropped out
+    assert (outcome == "stale").any() and (outcome == "dropped").any()
+    counts = clients.groupby(["step", "outcome"]).size().unstack(fill_value=0).reindex(range(rounds), fill_value=0)
+    for name in ("ok", "stale", "dropped"):
+        col = counts[name] if name in counts else pd.Series(0, index=counts.index)
+        assert col.tolist() == steps[f"clients_{name}"].tolist(), name
+    assert counts["ok"].tolist() == steps["num_updates"].tolist() == [buffer] * rounds
+    assert int((outcome == "ok").sum()) == rounds * buffer
+    # the staleness the server aggregated is that of the step's ok updates, and only theirs
+    ok = clients[outcome == "ok"].groupby("step")["staleness"]
+    np.testing.assert_allclose(ok.mean().to_numpy(), steps["staleness_mean"].to_numpy())
+    assert ok.max().tolist() == steps["staleness_max"].tolist()
+
+
 def test_stragglers_jobs_validate():
     jobs = sorted((Path(__file__).resolve().parents[1] / "jobs").glob("stragglers_*.yaml"))
     assert len(jobs) == 5
@@ -174,6 +210,7 @@ def test_stragglers_jobs_validate():
     assert policies == {"sync", "deadline", "over_selection"} and {"fedasync", "fedbuff"} <= algorithms
 
 
+@pytest.mark.slow
 def test_bench_async_writes_its_summary(ray_local, tmp_path):
     from rayfl.bench_async import run_async_bench
 

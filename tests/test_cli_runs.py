@@ -71,6 +71,7 @@ def test_partition_prints_the_matrix(capsys, tmp_path):
     assert "client" in out and png.stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_cli_run_default_job(tmp_path):
     """`rayfl run` with no job: the default experiment, in its own local Ray."""
     proc = subprocess.run(
@@ -83,6 +84,7 @@ def test_cli_run_default_job(tmp_path):
     assert len(res.rounds) == 3 and res.manifests["status"].iloc[0] == "completed"
 
 
+@pytest.mark.slow
 def test_killed_run_leaves_readable_parquet(tmp_path):
     """SIGKILL the driver and its Ray mid-run: every Parquet file already on disk reads back."""
     cmd = [
@@ -114,6 +116,7 @@ def test_killed_run_leaves_readable_parquet(tmp_path):
     assert rounds == list(range(len(rounds)))  # no gaps, nothing doubled
 
 
+@pytest.mark.slow
 def test_sigterm_closes_the_run_as_interrupted(tmp_path):
     """`ray job stop` and `kill` send SIGTERM: the run stops cleanly and says so."""
     cmd = [
@@ -136,8 +139,11 @@ def test_sigterm_closes_the_run_as_interrupted(tmp_path):
     assert len(res.rounds) >= 3
 
 
+@pytest.mark.slow
 def test_ray_job_submit_to_a_local_head(tmp_path):
-    """`ray job submit` to a real `ray start --head`; the job's Parquet is read back here."""
+    """`ray job submit --working-dir` to a real `ray start --head`: with an absolute output.dir
+    the job's Parquet lands there and is read back here; a relative one would land in Ray's
+    temporary copy of the working directory, and the driver says so."""
     env = env_with_venv()
     env["RAY_AUTH_MODE"] = "token"
     env["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
@@ -158,6 +164,8 @@ def test_ray_job_submit_to_a_local_head(tmp_path):
         "algorithm: {name: fedavg, clients_per_round: 4}\n"
     )
     out_dir = tmp_path / "results"
+    # after the run, ask the runner (in the same job environment) about a relative output.dir
+    probe = "from rayfl.runner import relative_output_in_job_warning as w; print(w('results'))"
     try:
         submit = None
         deadline = time.time() + 120
@@ -165,7 +173,7 @@ def test_ray_job_submit_to_a_local_head(tmp_path):
             submit = subprocess.run(
                 [str(BIN / "ray"), "job", "submit", "--address", f"http://127.0.0.1:{dash}",
                  "--working-dir", str(job_dir), "--",
-                 "rayfl", "run", "tiny.yaml", "--quiet", "--set", f"output.dir={out_dir}"],
+                 "sh", "-c", f"rayfl run tiny.yaml --quiet --set output.dir={out_dir} && python -c \"{probe}\""],
                 env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
             )
             submitted = "raysubmit_" in submit.stdout + submit.stderr
@@ -179,8 +187,15 @@ def test_ray_job_submit_to_a_local_head(tmp_path):
         head.wait(timeout=30)
         head_log.close()
     res = load(out_dir)
-    assert len(res.rounds) == 3
+    assert len(res.rounds) == 3 and res.manifests["status"].tolist() == ["completed"]
     assert pd.read_parquet(next(out_dir.glob("submitted/*/rounds"))).shape[0] == 3
+    assert not list(job_dir.rglob("*.parquet"))
+    # the absolute run was not warned about; the relative probe was, naming Ray's copy
+    warnings = [line for line in submit.stdout.splitlines() if "rayfl: output.dir=" in line]
+    assert len(warnings) == 1, submit.stdout[-4000:]
+    assert "is relative inside Ray job raysubmit_" in warnings[0]
+    assert str(job_dir) not in warnings[0] and "working_dir_files" in warnings[0]
+    assert "temporary copy of --working-dir" in warnings[0]
 
 
 def test_report_draws_figures(ray_local, tmp_path, capsys):

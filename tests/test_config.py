@@ -97,3 +97,91 @@ def test_shipped_jobs_validate():
     assert jobs, "no jobs/*.yaml shipped"
     for job in jobs:
         load_config(job, ["data.download=true"])  # the data dir may be absent on a user machine
+
+
+@pytest.mark.parametrize(
+    "text", [".nan", ".inf", "-.inf", ".NaN", "nan", "inf", "'-inf'", "Infinity"]
+)
+@pytest.mark.parametrize(
+    ("prefix", "key"),
+    [
+        ([], "algorithm.lr"),
+        ([], "algorithm.weight_decay"),
+        (["algorithm.name=fedprox"], "algorithm.mu"),  # an algorithm subclass's own field
+        (["algorithm.name=zo_hfl"], "algorithm.eta"),
+        (["algorithm.clients_per_round=null"], "algorithm.participation"),  # float | None
+        ([], "data.test_fraction"),
+        ([], "partition.alpha"),
+        ([], "engine.num_cpus_per_host"),
+        ([], "system.speed"),  # a bare number for a Distribution
+        ([], "system.latency.sigma"),  # inside the nested Distribution
+        (["system.policy=deadline"], "system.deadline"),
+    ],
+)
+def test_non_finite_floats_are_rejected_naming_the_key(prefix, key, text):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [*prefix, f"{key}={text}"])
+    assert e.value.key == key
+    assert "finite" in str(e.value)
+
+
+def test_non_finite_float_in_a_job_file(tmp_path):
+    job = write_job(tmp_path, "algorithm:\n  name: fedprox\n  mu: .nan\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(job)
+    assert e.value.key == "algorithm.mu"
+
+
+def test_participation_and_clients_per_round():
+    assert load_config().algorithm.clients_per_round == 10  # neither: 10 clients per round
+    cfg = load_config(None, ["algorithm.participation=0.3"])  # only participation: a fraction
+    assert (cfg.algorithm.participation, cfg.algorithm.clients_per_round) == (0.3, None)
+    cfg = load_config(None, ["algorithm.clients_per_round=null"])  # null counts as not given
+    assert cfg.algorithm.clients_per_round == 10
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["algorithm.participation=0.3", "algorithm.clients_per_round=5"])
+    assert e.value.key == "algorithm.participation" and "clients_per_round" in str(e.value)
+
+
+def test_both_participation_and_clients_per_round_in_a_job(tmp_path):
+    job = write_job(tmp_path, "algorithm: {clients_per_round: 10, participation: 0.5}\n")
+    with pytest.raises(ConfigError, match="both"):
+        load_config(job)
+    default_job = Path(__file__).resolve().parents[1] / "jobs" / "default.yaml"
+    with pytest.raises(ConfigError, match="clients_per_round=null"):  # a --set on top of a job
+        load_config(default_job, ["algorithm.participation=0.5"])
+    both = ["algorithm.participation=0.5", "algorithm.clients_per_round=null"]
+    assert load_config(default_job, both).algorithm.participation == 0.5
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["model.name=mlp", "model.hidden=[]"], "model.hidden"),
+        (["model.name=relu1", "model.hidden=[]"], "model.hidden"),
+        (["engine.start_timeout=0"], "engine.start_timeout"),
+        (["run.run_id=a/b"], "run.run_id"),
+        (["run.run_id=.."], "run.run_id"),
+    ],
+)
+def test_more_bad_values(overrides, key):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides)
+    assert e.value.key == key
+
+
+def test_linear_model_needs_no_hidden_width():
+    assert load_config(None, ["model.hidden=[]"]).model.hidden == []
+
+
+def test_yaml_errors_are_one_line(tmp_path):
+    job = write_job(tmp_path, "algorithm: {name: fedavg\nrun:\n  rounds: [1\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(job)
+    assert e.value.key == "job" and str(job) in str(e.value) and "\n" not in str(e.value)
+    assert "line" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["algorithm.lr=[1"])
+    assert e.value.key == "algorithm.lr" and "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="is not a file"):
+        load_config(tmp_path)

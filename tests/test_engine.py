@@ -11,6 +11,16 @@ from rayfl.engine.context import ClientContext
 from rayfl.engine.host import ClientHostImpl
 from rayfl.engine.payload import payload_nbytes
 from rayfl.engine.placement import plan_placement
+from rayfl.engine.resources import (
+    Capacity,
+    HostRequest,
+    NodeGroup,
+    ResourceError,
+    autoscaler_may_add_nodes,
+    check_request,
+    host_request,
+    hosts_that_fit,
+)
 from rayfl.engine.system import SystemModel, forward_flops_per_sample
 from rayfl.models import build_model
 
@@ -27,9 +37,80 @@ def test_placement_one_actor_per_client_and_gpu_shares():
     assert plan_placement(EngineConfig(clients_per_host=3), 7, {"CPU": 2.0}).num_hosts == 3
     gpu = plan_placement(EngineConfig(num_gpus_per_host=0.25), 100, {"CPU": 8.0, "GPU": 2.0})
     assert gpu.num_hosts == 8 and gpu.num_gpus == 0.25
-    with pytest.raises(ValueError, match="no GPU"):
+    with pytest.raises(ResourceError, match="no GPU") as e:
         plan_placement(EngineConfig(num_gpus_per_host=0.5), 10, {"CPU": 2.0})
+    assert e.value.key == "engine.num_gpus_per_host"
     assert plan_placement(EngineConfig(num_hosts=50), 10, {"CPU": 2.0}).num_hosts == 10
+
+
+LAPTOP = Capacity((NodeGroup({"CPU": 2.0}),))  # this machine: one node, 2 CPUs, no GPU
+GPU_NODES = Capacity((NodeGroup({"CPU": 8.0, "GPU": 1.0}), NodeGroup({"CPU": 8.0, "GPU": 1.0})))
+
+
+def request(cfg: EngineConfig, num_clients: int = 100, cluster: dict | None = None) -> HostRequest:
+    placement = plan_placement(cfg, num_clients, cluster or {"CPU": 2.0})
+    return host_request(cfg, placement, num_clients)
+
+
+def test_resource_check_accepts_what_fits():
+    check_request(request(EngineConfig()), LAPTOP)  # auto: one host per CPU
+    check_request(request(EngineConfig(num_hosts=4, num_cpus_per_host=0.5)), LAPTOP)
+    check_request(request(EngineConfig(num_hosts=64, num_cpus_per_host=0)), LAPTOP)  # no reserve
+    check_request(request(EngineConfig(clients_per_host=50)), LAPTOP)
+    check_request(request(EngineConfig(num_hosts=4, num_gpus_per_host=0.5)), GPU_NODES)
+    check_request(request(EngineConfig(num_hosts=2, device="cuda", num_gpus_per_host=1)), GPU_NODES)
+
+
+CPU, GPU, HOSTS = "engine.num_cpus_per_host", "engine.num_gpus_per_host", "engine.num_hosts"
+
+
+@pytest.mark.parametrize(
+    ("cfg", "capacity", "key", "fix"),
+    [
+        (EngineConfig(num_hosts=64), LAPTOP, HOSTS, "at most 2"),
+        (EngineConfig(num_hosts=64), LAPTOP, HOSTS, "num_cpus_per_host to 0.02"),
+        (EngineConfig(clients_per_host=1), LAPTOP, "engine.clients_per_host", "at least 50"),
+        (EngineConfig(num_hosts=1, num_cpus_per_host=4), LAPTOP, CPU, "to 2"),
+        (EngineConfig(num_cpus_per_host=3), LAPTOP, CPU, "single node"),
+        (EngineConfig(num_hosts=2, num_gpus_per_host=0.5), LAPTOP, GPU, "no GPU"),
+        (EngineConfig(device="cuda"), LAPTOP, "engine.device", "engine.device=auto or cpu"),
+        (EngineConfig(num_hosts=6, num_gpus_per_host=0.5), GPU_NODES, HOSTS, f"{GPU} to 0.25"),
+        (EngineConfig(num_hosts=1, num_gpus_per_host=2), GPU_NODES, GPU, "single node"),
+    ],
+)
+def test_resource_check_refuses_what_never_fits(cfg, capacity, key, fix):
+    with pytest.raises(ResourceError) as e:
+        check_request(request(cfg, cluster={"CPU": 2.0, "GPU": capacity.total("GPU")}), capacity)
+    assert e.value.key == key and fix in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_resource_check_counts_per_node_not_just_totals():
+    # 3 CPUs in all, but 1.5 per node: two one-CPU hosts fit, not three
+    halves = Capacity((NodeGroup({"CPU": 1.5}), NodeGroup({"CPU": 1.5})))
+    assert hosts_that_fit(halves, 1.0, 0.0) == 2
+    with pytest.raises(ResourceError, match="only 2 fit"):
+        check_request(request(EngineConfig(num_hosts=3)), halves)
+
+
+def test_resource_check_allows_for_an_autoscaler():
+    # node types an autoscaler may launch: up to 10 workers of 4 CPUs, none running yet
+    groups = (NodeGroup({"CPU": 2.0}), NodeGroup({"CPU": 4.0}, 10))
+    bounded = Capacity(groups, source="autoscaler node types")
+    check_request(request(EngineConfig(num_hosts=42)), bounded)
+    with pytest.raises(ResourceError, match="at most 42"):
+        check_request(request(EngineConfig(num_hosts=43)), bounded)
+    unbounded = Capacity((NodeGroup({"CPU": 2.0}), NodeGroup({"CPU": 4.0, "GPU": 1.0}, None)))
+    check_request(request(EngineConfig(num_hosts=1000, num_gpus_per_host=1)), unbounded)
+    scaling = Capacity((NodeGroup({"CPU": 2.0}),), scales=True)  # limits unknown: never refuse
+    check_request(request(EngineConfig(num_hosts=1000, device="cuda")), scaling)
+
+
+def test_a_plain_head_is_not_an_autoscaler():
+    # ray.init / `ray start` run the autoscaler read-only, naming each node's type after the node
+    assert not autoscaler_may_add_nodes({"node_" + "ab12" * 14})
+    assert not autoscaler_may_add_nodes(set())
+    assert autoscaler_may_add_nodes({"node_" + "ab12" * 14, "ray.worker.gpu"})  # `ray up`, KubeRay
 
 
 def test_payload_bytes_are_measured_not_assumed():

@@ -117,6 +117,7 @@ def test_server_split_is_held_back_from_clients(results_dir):
     assert len(server) == pytest.approx(0.3 * (len(server) + len(clients)), abs=2)
 
 
+@pytest.mark.slow
 def test_ten_thousand_clients_fit(ray_local, results_dir):
     """10,000 registered clients, 100 per round, packed into one host per CPU."""
     cfg = load_config(

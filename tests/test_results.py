@@ -20,6 +20,7 @@ from rayfl.results.plots import (
     run_labels,
     summary_table,
 )
+from rayfl.results.writer import RunExistsError
 
 
 def config(algorithm: str, lr: float = 0.1) -> dict:
@@ -121,9 +122,51 @@ def test_manifest_is_written_at_once_and_updated(tmp_path):
 def test_refuses_to_overwrite_an_existing_run(tmp_path):
     fake_run(tmp_path, "exp", "r1", "fedavg")
     before = (tmp_path / "exp" / "r1" / "manifest.json").read_text()
-    with pytest.raises(FileExistsError, match="r1"):
+    with pytest.raises(RunExistsError) as e:
         RunWriter(tmp_path, "exp", "r1", {})
+    assert isinstance(e.value, FileExistsError)
+    message = str(e.value)
+    assert "\n" not in message and "run.run_id 'r1'" in message and str(tmp_path / "exp" / "r1") in message
+    assert "leave it unset" in message and "--set output.overwrite=true" in message
     assert (tmp_path / "exp" / "r1" / "manifest.json").read_text() == before
+
+
+def test_a_concurrent_writer_cannot_claim_the_same_run(tmp_path, monkeypatch):
+    """The existence check and the first manifest are not one step on disk: the hard link is."""
+    real_exists = writer_module.Location.exists
+    monkeypatch.setattr(writer_module.Location, "exists", lambda self: False)  # both pass the check
+    RunWriter(tmp_path, "exp", "r1", {"who": "first"})
+    with pytest.raises(RunExistsError, match="r1"):
+        RunWriter(tmp_path, "exp", "r1", {"who": "second"})
+    monkeypatch.setattr(writer_module.Location, "exists", real_exists)
+    assert json.loads((tmp_path / "exp" / "r1" / "manifest.json").read_text())["who"] == "first"
+
+
+def test_overwrite_replaces_the_old_run(tmp_path):
+    fake_run(tmp_path, "exp", "r1", "fedavg", rounds=4)
+    fake_run(tmp_path, "exp", "r2", "fedavg", rounds=2)
+    with RunWriter(tmp_path, "exp", "r1", config("fedprox"), overwrite=True) as w:
+        w.append("rounds", {"round": 0, "train_loss": 0.5})
+    assert [p.relative_to(w.run_dir).as_posix() for p in parquet_files(w.run_dir)] == ["rounds/part-00000.parquet"]
+    res = load(tmp_path)
+    assert res.rounds.groupby("run_id").size().to_dict() == {"r1": 1, "r2": 2}  # the other run is untouched
+    m = res.manifests.set_index("run_id")
+    assert m.loc["r1", "algorithm.name"] == "fedprox" and m.loc["r1", "status"] == "completed"
+    # overwrite on a fresh run id is an ordinary run
+    RunWriter(tmp_path, "exp", "r3", {}, overwrite=True).close()
+    assert sorted(load(tmp_path).manifests["run_id"]) == ["r1", "r2", "r3"]
+
+
+def test_file_uris_and_home_paths_are_local_paths(tmp_path, monkeypatch):
+    w = RunWriter(f"file://{tmp_path}/res", "exp", "r1", {})
+    w.append("rounds", {"round": 0})
+    w.close()
+    assert w.run_dir == tmp_path / "res" / "exp" / "r1"  # a Path, as for any local run
+    assert (w.run_dir / "rounds" / "part-00000.parquet").is_file()
+    assert load(f"file://{tmp_path}/res").manifests["run_dir"].tolist() == [str(w.run_dir)]
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert load("~/res/exp").rounds["round"].tolist() == [0]
+    assert RunWriter("~/res", "exp", "r2", {}).run_dir == tmp_path / "res" / "exp" / "r2"
 
 
 def test_a_crashed_run_stays_readable(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rayfl.algorithms.zo_hfl import aggregation_weights, zo_hfl_client
-from rayfl.config import ConfigError, ModelConfig, load_config
+from rayfl.config import Config, ConfigError, ModelConfig, load_config
 from rayfl.engine.host import ClientHostImpl
 from rayfl.results import load
 from rayfl.runner import run_experiment
@@ -178,11 +178,51 @@ def test_baselines_share_the_budget_and_can_use_server_data(zo_run):
     pd.testing.assert_series_equal(  # the same clients in every round, whatever the method
         served.clients.groupby("round")["client"].apply(list), zo_results.clients.groupby("round")["client"].apply(list))
     assert served.rounds["num_updates"].tolist() == [4, 4, 4, 4]  # 3 clients + the server's always-on update
-    server_only = load(run_experiment(zo(out, "run.run_id=lam0", "algorithm.lam=0")).run_dir)
+    lam0 = zo(out, "run.run_id=lam0", "algorithm.lam=0")
+    server_only = load(run_experiment(lam0).run_dir)
     assert server_only.rounds["num_updates"].tolist() == [0, 0, 0, 0] and server_only.clients.empty
-    np.testing.assert_allclose(  # lam = 0: the same server steps as ZO-HFL minus the ZO term
-        server_only.rounds["server_loss"].iloc[0], zo_results.rounds.sort_values("round")["server_loss"].iloc[0])
+    # lam = 0: plain SGD on f1, x_{r+1} = x_r - gamma_r grad f1(x_r; xi_r), replayed by hand on
+    # the server's own minibatches; from round 1 on the logged f1 depends on which batches they were
+    logged = server_only.rounds.sort_values("round")["server_loss"].to_numpy(float)
+    expected, wrong_batch = replay_server_sgd(lam0)
+    np.testing.assert_allclose(logged, expected, rtol=1e-5)
+    assert np.all(np.abs(logged[1:] - wrong_batch[1:]) > 1e-3)  # another minibatch: visibly different
     assert server_only.rounds["test_accuracy"].notna().sum() == 2
+
+
+def softmax_ce(w: np.ndarray, x: np.ndarray, y: np.ndarray, classes: int) -> tuple[float, np.ndarray]:
+    """Mean cross-entropy of the bias-free linear model w (classes x features, row-major) and
+    its gradient, in float64 (independent of rayfl's kernels)."""
+    feats = x.reshape(len(x), -1).astype(np.float64)
+    z = feats @ w.reshape(classes, -1).T
+    z -= z.max(axis=1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+    onehot = np.eye(classes)[y]
+    grad = (np.exp(logp) - onehot).T @ feats / len(x)
+    return float(-(logp * onehot).sum() / len(x)), grad.ravel()
+
+
+def replay_server_sgd(cfg: Config) -> tuple[np.ndarray, np.ndarray]:
+    """The f1 values ZO-HFL with lam = 0 logs (x_0 = 0), and what it would log if each round's
+    f1 were taken on the next round's minibatch instead."""
+    from rayfl.data import build_federated_dataset
+    from rayfl.engine.federation import ServerData
+
+    ds = build_federated_dataset(cfg.data, cfg.partition, cfg.run.seed)
+    idx = ds.server_train
+    server = ServerData(torch.from_numpy(ds.train_x[idx]), torch.from_numpy(ds.train_y[idx]), cfg.run.seed)
+    alg, c = cfg.algorithm, ds.num_classes
+    batches = [server.batch(alg.server_batch_size, r, purpose="zo_hfl.server_batch") for r in range(cfg.run.rounds + 1)]
+    batches = [(bx.numpy(), by.numpy()) for bx, by in batches]
+    x = np.zeros(int(np.prod(ds.input_shape)) * c)
+    losses, others = [], []
+    for r in range(cfg.run.rounds):
+        x32 = x.astype(np.float32).astype(np.float64)
+        loss, grad = softmax_ce(x32, *batches[r], c)
+        losses.append(loss)
+        others.append(softmax_ce(x32, *batches[r + 1], c)[0])
+        x = x - alg.server_lr / (r + 1) ** alg.server_lr_power * grad
+    return np.array(losses), np.array(others)
 
 
 def test_linear_fast_path_keeps_fedavg_trajectory():

@@ -7,7 +7,7 @@ client's download and the moment its update is used."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -95,24 +95,33 @@ def promised_samples(schedule: LocalSchedule, n: int) -> int:
     return (schedule.steps or 0) * min(schedule.batch_size, n)
 
 
+@dataclass
+class AsyncState:
+    """What an asynchronous server carries between steps: the global model, the versions
+    clients in flight downloaded (until their updates arrive), and how many picks were drawn.
+    The tasks in flight themselves are the Federation's pool, checkpointed with it."""
+
+    x: np.ndarray
+    models: dict[int, np.ndarray] = field(default_factory=dict)
+    picks: int = 0
+
+
 class Dispatcher:
     """Keeps `concurrency` clients training, each from the model version current at dispatch,
     and remembers those versions until their last update has arrived."""
 
-    def __init__(self, fed: Federation, cfg: AsyncConfig, x: np.ndarray):
-        self.fed, self.cfg = fed, cfg
+    def __init__(self, fed: Federation, cfg: AsyncConfig, s: AsyncState):
+        self.fed, self.cfg, self.s = fed, cfg, s
         self.pool: AsyncPool = fed.async_pool()
         offset = cfg.lr_offset if cfg.lr_schedule == "harmonic" else None
         self.schedule = LocalSchedule(cfg.batch_size, cfg.local_epochs, cfg.local_steps, offset)
-        self.models: dict[int, np.ndarray] = {fed.model_version: x}
-        self.picks = 0
         self.sizes = fed.client_sizes
 
     def refill(self, x: np.ndarray) -> None:
-        self.models[self.fed.model_version] = x
+        self.s.models[self.fed.model_version] = x
         while len(self.pool) < self.cfg.concurrency:
-            client = self.fed.sample_idle(self.pool.busy_clients, key=self.picks)
-            self.picks += 1
+            client = self.fed.sample_idle(self.pool.busy_clients, key=self.s.picks)
+            self.s.picks += 1
             if client is None:
                 break
             self.pool.submit(
@@ -130,43 +139,43 @@ class Dispatcher:
                 return res
 
     def downloaded(self, res: ClientResult) -> np.ndarray:
-        return self.models[res.version]
+        return self.s.models[res.version]
 
     def forget_old_versions(self) -> None:
         live = {r.version for r in self.pool.in_flight()} | {self.fed.model_version}
-        self.models = {v: m for v, m in self.models.items() if v in live}
+        self.s.models = {v: m for v, m in self.s.models.items() if v in live}
 
 
 def run_fedasync(fed: Federation, cfg: FedAsyncConfig, run: RunConfig) -> dict[str, Any]:
-    x = fed.initial_params()
-    disp = Dispatcher(fed, cfg, x)
+    s = fed.track(AsyncState(x=fed.initial_params()))
+    disp = Dispatcher(fed, cfg, s)
     metrics: dict[str, Any] = {}
-    for r in range(run.rounds):
-        res = disp.next_update(x)
+    for r in fed.rounds(run.rounds):
+        res = disp.next_update(s.x)
         x_client = disp.downloaded(res) + res["delta"]
         alpha = cfg.mixing * staleness_weight(cfg, res.staleness)
-        x = ((1.0 - alpha) * x.astype(np.float64) + alpha * x_client.astype(np.float64)).astype(np.float32)
-        check_finite(x, r)
+        s.x = ((1.0 - alpha) * s.x.astype(np.float64) + alpha * x_client.astype(np.float64)).astype(np.float32)
+        check_finite(s.x, r)
         fed.advance_version()
         disp.forget_old_versions()
         metrics = {"train_loss": float(res["loss"]), "num_updates": 1, "staleness_mean": float(res.staleness), "mixing": alpha}
-        metrics.update(evaluate_if_due(fed, x, r, run))
+        metrics.update(evaluate_if_due(fed, s.x, r, run))
         fed.log_round(r, **metrics)
     disp.pool.drain()
-    return {"final_params": x, **metrics}
+    return {"final_params": s.x, **metrics}
 
 
 def run_fedbuff(fed: Federation, cfg: FedBuffConfig, run: RunConfig) -> dict[str, Any]:
-    x = fed.initial_params()
-    disp = Dispatcher(fed, cfg, x)
+    s = fed.track(AsyncState(x=fed.initial_params()))
+    disp = Dispatcher(fed, cfg, s)
     metrics: dict[str, Any] = {}
-    for r in range(run.rounds):
-        buffer = [disp.next_update(x) for _ in range(cfg.buffer_size)]
-        step = np.zeros_like(x, dtype=np.float64)
+    for r in fed.rounds(run.rounds):
+        buffer = [disp.next_update(s.x) for _ in range(cfg.buffer_size)]
+        step = np.zeros_like(s.x, dtype=np.float64)
         for res in buffer:  # arrival order: deterministic
             step += staleness_weight(cfg, res.staleness) * res["delta"].astype(np.float64)
-        x = (x + cfg.server_lr * step / cfg.buffer_size).astype(np.float32)
-        check_finite(x, r)
+        s.x = (s.x + cfg.server_lr * step / cfg.buffer_size).astype(np.float32)
+        check_finite(s.x, r)
         fed.advance_version()
         disp.forget_old_versions()
         metrics = {
@@ -175,7 +184,7 @@ def run_fedbuff(fed: Federation, cfg: FedBuffConfig, run: RunConfig) -> dict[str
             "staleness_mean": float(np.mean([res.staleness for res in buffer])),
             "staleness_max": int(max(res.staleness for res in buffer)),
         }
-        metrics.update(evaluate_if_due(fed, x, r, run))
+        metrics.update(evaluate_if_due(fed, s.x, r, run))
         fed.log_round(r, **metrics)
     disp.pool.drain()
-    return {"final_params": x, **metrics}
+    return {"final_params": s.x, **metrics}

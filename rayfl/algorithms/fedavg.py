@@ -11,7 +11,7 @@ always-on client (`server_as_client`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -75,6 +75,23 @@ class ScaffoldConfig(FedAvgConfig):
 
     name: str = "scaffold"
     weighting: Literal["samples", "uniform"] = "uniform"
+
+
+@dataclass
+class ModelState:
+    """What FedAvg's and FedProx's server carries between rounds: the global model."""
+
+    x: np.ndarray
+
+
+@dataclass
+class ScaffoldState:
+    """What SCAFFOLD's server carries between rounds: the global model x and the server control
+    variate c, kept equal to the mean of all N clients' committed c_i."""
+
+    x: np.ndarray
+    control: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
+    server_client: dict[str, Any] = field(default_factory=dict)  # its c_i with server_as_client
 
 
 # ---------------------------------------------------------------- client functions
@@ -185,49 +202,49 @@ def run_fedavg(fed: Federation, cfg: FedAvgConfig, run: RunConfig) -> dict[str, 
     """FedAvg and FedProx (prox_mu = cfg.mu for FedProx)."""
     prox_mu = getattr(cfg, "mu", 0.0)
     server = ServerClient(fed) if cfg.server_as_client else None
-    x = fed.initial_params()
+    s = fed.track(ModelState(x=fed.initial_params()))
     metrics: dict[str, Any] = {}
-    for r in range(run.rounds):
+    for r in fed.rounds(run.rounds):
         ids = clients_this_round(fed, cfg, r)
         results = call_with_server(
-            fed, fedavg_client, ids, cfg, r, server, params=x, lr=cfg.lr,
+            fed, fedavg_client, ids, cfg, r, server, params=s.x, lr=cfg.lr,
             weight_decay=cfg.weight_decay, prox_mu=prox_mu,
         )
         metrics = {"num_updates": 0}
         if results:  # late and failed clients are not in `results`: never applied
             weights = update_weights(fed, results, cfg.weighting, server)
-            x = (x + cfg.server_lr * weighted_mean(results, "delta", weights)).astype(np.float32)
-            check_finite(x, r)
+            s.x = (s.x + cfg.server_lr * weighted_mean(results, "delta", weights)).astype(np.float32)
+            check_finite(s.x, r)
             metrics = round_metrics(fed, results, weights)
-        metrics.update(evaluate_if_due(fed, x, r, run))
+        metrics.update(evaluate_if_due(fed, s.x, r, run))
         fed.log_round(r, **metrics)
-    return {"final_params": x, **metrics}
+    return {"final_params": s.x, **metrics}
 
 
 def run_scaffold(fed: Federation, cfg: ScaffoldConfig, run: RunConfig) -> dict[str, Any]:
-    server = ServerClient(fed) if cfg.server_as_client else None
+    x0 = fed.initial_params()
+    s = fed.track(ScaffoldState(x=x0, control=np.zeros_like(x0)))
+    server = ServerClient(fed, s.server_client) if cfg.server_as_client else None
     num_clients = fed.num_clients + (server is not None)
-    x = fed.initial_params()
-    control = np.zeros_like(x)
     metrics: dict[str, Any] = {}
-    for r in range(run.rounds):
+    for r in fed.rounds(run.rounds):
         ids = clients_this_round(fed, cfg, r)
         results = call_with_server(
-            fed, scaffold_client, ids, cfg, r, server, params=x, control=control, lr=cfg.lr,
+            fed, scaffold_client, ids, cfg, r, server, params=s.x, control=s.control, lr=cfg.lr,
             weight_decay=cfg.weight_decay,
         )
         metrics = {"num_updates": 0}
-        if results:
+        if results:  # only accepted tasks: their clients' c_i, and nobody else's, moved
             weights = update_weights(fed, results, cfg.weighting, server)
-            x = (x + cfg.server_lr * weighted_mean(results, "delta", weights)).astype(np.float32)
+            s.x = (s.x + cfg.server_lr * weighted_mean(results, "delta", weights)).astype(np.float32)
             uniform = np.full(len(results), 1.0 / len(results))
             dc = weighted_mean(results, "delta_control", uniform)
-            control = (control + len(results) / num_clients * dc).astype(np.float32)
-            check_finite(x, r)
+            s.control = (s.control + len(results) / num_clients * dc).astype(np.float32)
+            check_finite(s.x, r)
             metrics = round_metrics(fed, results, weights)
-        metrics.update(evaluate_if_due(fed, x, r, run))
+        metrics.update(evaluate_if_due(fed, s.x, r, run))
         fed.log_round(r, **metrics)
-    return {"final_params": x, **metrics}
+    return {"final_params": s.x, **metrics}
 
 
 def evaluate_if_due(fed: Federation, x: np.ndarray, round: int, run: RunConfig) -> dict[str, float]:

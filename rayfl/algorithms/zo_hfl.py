@@ -194,31 +194,36 @@ def _minibatch_grad(ctx: ClientContext, steps: int, batch_size: int, randomness:
 # ---------------------------------------------------------------- server (Alg. 1)
 
 
+@dataclass
+class ZOHFLState:
+    """What ZO-HFL's server carries between rounds: x_r (float64) and each client's latest
+    lower-level answer for the penalty term of the objective it reports."""
+
+    x: np.ndarray
+    penalty: PenaltyTracker
+
+
 def run_zo_hfl(fed: Federation, cfg: ZOHFLConfig, run: RunConfig) -> dict[str, Any]:
     server = fed.server_data  # built once: the property copies the server's rows
     kernel = CrossEntropyGrad(fed.model)
     rho = fed.client_weights(None, "samples" if cfg.weights == "data_size" else "uniform")
-    x = initial_point(fed, cfg)
-    x = pretrain(x, server, kernel, cfg)
-    penalty = PenaltyTracker(cfg.lam, rho)
+    s = fed.track(ZOHFLState(x=pretrain(initial_point(fed, cfg), server, kernel, cfg), penalty=PenaltyTracker(cfg.lam, rho)))
+    penalty = s.penalty
     metrics: dict[str, Any] = {}
-    for r in range(run.rounds):
+    for r in fed.rounds(run.rounds):
         sampled = clients_this_round(fed, cfg, r)
-        x32 = x.astype(np.float32)
+        x32 = s.x.astype(np.float32)
         estimates: list[tuple[int, np.ndarray]] = []
         results: list[ClientResult] = []
         if cfg.lam > 0:  # with lam = 0 nothing a client returns can move x: server-only SGD
             results, directions = call_clients(fed, cfg, r, x32, sampled)
             for res in results:
-                v = directions[res.client]
-                estimates.append((res.client, two_point_estimate(penalty_difference(res, x32, v, cfg), 0.0, v, cfg.eta)))
+                estimates.append((res.client, zo_estimate(res, x32, directions[res.client], cfg)))
                 penalty.update(res)
         f1_loss, g1 = server_gradient(server, kernel, x32, cfg.server_batch_size, r)
         w = aggregation_weights(rho, [c for c, _ in estimates], len(sampled), cfg.aggregation)
-        g_zo = sum((wi * est for wi, (_, est) in zip(w, estimates, strict=True)), np.zeros_like(x))
-        gamma = cfg.server_lr / (r + 1) ** cfg.server_lr_power
-        x = x - gamma * (g1 + g_zo)  # line 8: a plain SGD step, no projection on x
-        check_finite(x, r)
+        s.x, g_zo, gamma = server_step(s.x, r, g1, [est for _, est in estimates], w, cfg)
+        check_finite(s.x, r)
         metrics = {
             "num_updates": len(results),
             "server_loss": f1_loss,
@@ -228,13 +233,13 @@ def run_zo_hfl(fed: Federation, cfg: ZOHFLConfig, run: RunConfig) -> dict[str, A
             "local_steps_mean": float(np.mean([res.local_steps for res in results])) if results else 0.0,
         }
         if eval_due(r, run):
-            x_eval = x.astype(np.float32)
+            x_eval = s.x.astype(np.float32)
             metrics.update(objective(fed, server, x_eval, penalty))
             test = fed.evaluate(x_eval)
             fed.log_eval(r, test)
             metrics.update(test)
         fed.log_round(r, **metrics)
-    return {"final_params": x.astype(np.float32), **metrics}
+    return {"final_params": s.x.astype(np.float32), **metrics}
 
 
 def call_clients(
@@ -258,6 +263,23 @@ def call_clients(
         client_init=cfg.client_init, upload=cfg.upload,
     )
     return results, {i: v.astype(np.float64) for i, v in v32.items()}
+
+
+def zo_estimate(res: ClientResult, x32: np.ndarray, v: np.ndarray, cfg: ZOHFLConfig) -> np.ndarray:
+    """Line 7's g_i = (d / 2 eta)(f2(x_r + eta v, y+) - f2(x_r - eta v, y-)) v from client i's
+    answer `res` to x_r (`x32`) and v_{i,r} (`v`, the float32-exact direction as float64)."""
+    return two_point_estimate(penalty_difference(res, x32, v, cfg), 0.0, v, cfg.eta)
+
+
+def server_step(
+    x: np.ndarray, r: int, g1: np.ndarray, estimates: list[np.ndarray], w: np.ndarray, cfg: ZOHFLConfig
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """Lines 7-8: g_zo = sum_i w_i g_i, gamma_r = gamma_0 / (r + 1)^p and x_{r+1} = x_r -
+    gamma_r (grad f1~ + g_zo), a plain SGD step with no projection on x.
+    Returns (x_{r+1}, g_zo, gamma_r)."""
+    g_zo = sum((wi * est for wi, est in zip(w, estimates, strict=True)), np.zeros_like(x))
+    gamma = cfg.server_lr / (r + 1) ** cfg.server_lr_power
+    return x - gamma * (g1 + g_zo), g_zo, gamma
 
 
 def penalty_difference(res: ClientResult, x32: np.ndarray, v: np.ndarray, cfg: ZOHFLConfig) -> float:

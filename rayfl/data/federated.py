@@ -45,6 +45,10 @@ class FederatedDataset:
         """Training samples per client."""
         return np.array([len(i) for i in self.client_train], dtype=np.int64)
 
+    def empty_clients(self) -> np.ndarray:
+        """Ids of clients without training samples (never sampled to train)."""
+        return np.flatnonzero(self.client_sizes() == 0)
+
     def class_matrix(self, split: str = "train") -> np.ndarray:
         """[num_clients, num_classes] label counts of each client's train or test set."""
         if split == "train":
@@ -67,6 +71,10 @@ class FederatedDataset:
             f"server train: {0 if self.server_train is None else len(self.server_train)}; "
             f"global test: {len(self.test_y)}",
         ]
+        empty = self.empty_clients()
+        if len(empty):
+            shown = ", ".join(str(c) for c in empty[:20]) + (", ..." if len(empty) > 20 else "")
+            lines.append(f"empty clients: {len(empty)} hold no training sample and are never sampled to train ({shown})")
         if self.client_test is not None:
             t = np.array([len(i) for i in self.client_test])
             lines.append(f"client test sizes: min {t.min()} / median {np.median(t):g} / max {t.max()} (total {t.sum()})")

@@ -53,7 +53,13 @@ class WorkMeter:
 
 @dataclass
 class ClientContext:
-    """One client's view during one task. `state` persists across rounds inside the host."""
+    """One client's view during one task.
+
+    `state` persists across rounds inside the host, transactionally: the task works on a
+    private copy, which becomes the client's state only if the server accepts the task
+    (outcome ok). A late, dropped, offline, stale or non-finite task changes nothing, so
+    invariants such as SCAFFOLD's c = mean of all c_i hold under every round policy, and a
+    failed task can be re-run from the same state."""
 
     id: int
     round: int

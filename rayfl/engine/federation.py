@@ -13,28 +13,40 @@ does in that order is identical whatever the number of hosts or the order future
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from rayfl.config import Config
 from rayfl.data import FederatedDataset
-from rayfl.engine.asyncpool import AsyncPool
+from rayfl.engine.asyncpool import AsyncPool, TaskInput, host_lost
+from rayfl.engine.checkpoint import CHECKPOINT_FILE, Checkpoint, load_checkpoint, save_checkpoint
 from rayfl.engine.clock import SimClock
 from rayfl.engine.host import ClientFn, remote_host_class
 from rayfl.engine.payload import payload_nbytes
 from rayfl.engine.placement import Placement, plan_placement
 from rayfl.engine.system import SystemModel, forward_flops_per_sample
-from rayfl.engine.tasks import OUTCOMES, ClientResult, close_round, plan_task, settle
+from rayfl.engine.tasks import (
+    NONFINITE,
+    OUTCOMES,
+    ClientResult,
+    NonFiniteUpdateError,
+    close_round,
+    nonfinite_keys,
+    plan_task,
+    settle,
+)
 from rayfl.models import build_model
 from rayfl.models.params import get_flat, set_flat
 from rayfl.rng import derive_seed, numpy_rng
 
 ProgressFn = Callable[[dict[str, Any]], None]
+T = TypeVar("T")
 
 
 @dataclass
@@ -55,6 +67,15 @@ class ServerData:
         return self.x[idx], self.y[idx]
 
 
+class HostFailureError(RuntimeError):
+    """Hosts kept dying: more replacements than engine.max_restarts allows."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A stop was requested (SIGTERM, Ctrl-C): the run checkpointed after a round and stops;
+    the results writer closes it as `interrupted`."""
+
+
 class Federation:
     """Hosts, clock, evaluation and logging for one run."""
 
@@ -64,6 +85,7 @@ class Federation:
         dataset: FederatedDataset,
         writer: Any | None = None,
         progress: ProgressFn | None = None,
+        resume: Checkpoint | None = None,
     ):
         import ray
 
@@ -78,6 +100,21 @@ class Federation:
         self._outcomes = dict.fromkeys(OUTCOMES, 0)
         self._keep: dict[int, int] = {}
         self.model_version = 0
+        self._next_task = 0
+        self._trainable: np.ndarray | None = None
+        self.server_state: Any = None
+        self._decisions: dict[int, dict[int, bool]] = {}  # host -> {task id: accepted}
+        self._pools: list[AsyncPool] = []
+        self._resume = resume
+        self.start_round = 0
+        self.stop_requested = False  # set by a signal handler: checkpoint after this round, stop
+        self.last_checkpoint: int | None = None
+        self._inputs: dict[int, TaskInput] = {}  # task id -> what it was given, until decided
+        self._journal: list[TaskInput] = []  # accepted state-changing tasks since the checkpoint
+        self.host_failures = 0
+        self._round_failures = 0
+        self._dispatched = 0  # tasks launched, for engine.kill_host_every
+        self.tasks_discarded = 0  # in flight when an async run ended: never logged
 
         self.model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
         self.num_params = sum(p.numel() for p in self.model.parameters())
@@ -86,41 +123,45 @@ class Federation:
         self.placement: Placement = plan_placement(cfg.engine, dataset.num_clients, ray.cluster_resources())
         self._host_of = self.placement.host_of()
         self.hosts = self._start_hosts()
+        if resume is not None:
+            self._restore(resume)
 
     # ------------------------------------------------------------------ set-up
 
     def _start_hosts(self) -> list[Any]:
+        """Start the hosts after checking the cluster can hold them (Ray would otherwise queue
+        an unplaceable actor for ever), and wait at most engine.start_timeout for them."""
         import ray
 
+        from rayfl.engine import resources
+
+        request = resources.host_request(self.cfg.engine, self.placement, self.dataset.num_clients)
+        resources.check_request(request, resources.cluster_capacity())
         ds = self.dataset
-        arrays_ref = ray.put({"train_x": ds.train_x, "train_y": ds.train_y, "test_x": ds.test_x, "test_y": ds.test_y})
-        actor = remote_host_class().options(
-            num_cpus=self.placement.num_cpus,
-            num_gpus=self.placement.num_gpus,
-            max_restarts=self.cfg.engine.max_restarts,
-        )
-        hosts = []
-        for h, ids in enumerate(self.placement.assignment):
-            train = {int(c): ds.client_train[c] for c in ids}
-            test = {int(c): ds.client_test[c] for c in ids} if ds.client_test is not None else None
-            hosts.append(
-                actor.remote(
-                    h,
-                    arrays_ref,
-                    train,
-                    test,
-                    self.cfg.model,
-                    tuple(ds.input_shape),
-                    ds.num_classes,
-                    self.seed,
-                    self.cfg.engine.torch_threads,
-                    self.cfg.engine.device,
-                    self.forward_flops,
-                    self.cfg.system.backward_cost,
-                )
-            )
-        self.host_info = ray.get([h.info.remote() for h in hosts])
+        self._arrays_ref = ray.put({"train_x": ds.train_x, "train_y": ds.train_y, "test_x": ds.test_x, "test_y": ds.test_y})
+        hosts = [self._spawn_host(h) for h in range(self.placement.num_hosts)]
+        try:
+            info_refs = [h.info.remote() for h in hosts]
+            timeout = self.cfg.engine.start_timeout
+            self.host_info = resources.await_hosts(info_refs, request, timeout)
+        except BaseException:
+            for h in hosts:  # pending actors would otherwise hold their place in Ray's queue
+                ray.kill(h)
+            raise
         return hosts
+
+    def _spawn_host(self, h: int) -> Any:
+        """Start the actor for host `h`'s clients (at start-up, or to replace a dead host; Ray's
+        own restarts are off: rayfl restores the clients' state itself, see `replace_host`)."""
+        ds = self.dataset
+        ids = self.placement.assignment[h]
+        train = {int(c): ds.client_train[c] for c in ids}
+        test = {int(c): ds.client_test[c] for c in ids} if ds.client_test is not None else None
+        actor = remote_host_class().options(num_cpus=self.placement.num_cpus, num_gpus=self.placement.num_gpus, max_restarts=0)
+        return actor.remote(
+            h, self._arrays_ref, train, test, self.cfg.model, tuple(ds.input_shape), ds.num_classes, self.seed,
+            self.cfg.engine.torch_threads, self.cfg.engine.device, self.forward_flops, self.cfg.system.backward_cost,
+        )
 
     def shutdown(self) -> None:
         import ray
@@ -140,10 +181,28 @@ class Federation:
         return self.dataset.client_sizes()
 
     def client_weights(self, client_ids: list[int] | None = None, kind: str = "samples") -> np.ndarray:
-        """Aggregation weights over `client_ids` summing to 1: by sample count or uniform."""
-        ids = np.arange(self.num_clients) if client_ids is None else np.asarray(client_ids)
+        """Aggregation weights over `client_ids` summing to 1: by sample count or uniform.
+        Always finite: clients that hold no samples all get weight 0 by sample count."""
+        ids = np.arange(self.num_clients) if client_ids is None else np.asarray(client_ids, dtype=np.int64)
         w = self.client_sizes[ids].astype(np.float64) if kind == "samples" else np.ones(len(ids))
-        return w / w.sum()
+        total = w.sum()
+        return w / total if total > 0 else np.zeros(len(ids))
+
+    @property
+    def trainable_clients(self) -> np.ndarray:
+        """Clients holding at least one training sample: the only ones ever sampled to train
+        (a partition may leave some empty, e.g. Dirichlet with min_size 0)."""
+        if self._trainable is None:
+            self._trainable = np.flatnonzero(self.client_sizes > 0).astype(np.int64)
+            if len(self._trainable) == 0:
+                raise ValueError("no client holds any training sample; check the partition")
+        return self._trainable
+
+    def _candidates(self) -> np.ndarray:
+        """Clients that may be sampled now: trainable and, under an availability model, online."""
+        if self.cfg.system.availability.kind == "always":
+            return self.trainable_clients
+        return np.intersect1d(self.online_clients(), self.trainable_clients)
 
     @property
     def now(self) -> float:
@@ -171,7 +230,9 @@ class Federation:
         `over_selection` it picks ceil((1 + o) k) and the round keeps the first k to finish."""
         if k is None:
             k = self.num_clients if fraction is None else max(1, round_half_up(fraction * self.num_clients))
-        candidates = np.arange(self.num_clients) if self.cfg.system.availability.kind == "always" else self.online_clients()
+        candidates = self._candidates()
+        if len(candidates) == 0:
+            raise RuntimeError(f"no trainable client is online at simulated time {self.now:.1f}s; check system.availability")
         k = min(k, len(candidates))
         picks = k
         if self.cfg.system.policy == "over_selection":
@@ -181,16 +242,42 @@ class Federation:
         return sorted(int(c) for c in rng.choice(candidates, size=picks, replace=False))
 
     def sample_idle(self, busy: set[int], key: int) -> int | None:
-        """One client, uniformly among those online and not busy, for an async slot."""
-        candidates = self.online_clients() if self.cfg.system.availability.kind != "always" else np.arange(self.num_clients)
+        """One client, uniformly among those online, trainable and not busy, for an async slot."""
+        candidates = self._candidates()
         idle = np.setdiff1d(candidates, np.fromiter(busy, dtype=np.int64, count=len(busy)))
         if len(idle) == 0:
             return None
         return int(numpy_rng(self.seed, "async.sample", key).choice(idle))
 
     def async_pool(self) -> AsyncPool:
-        """A pool of asynchronous tasks committed in simulated-time order (see AsyncPool)."""
-        return AsyncPool(self)
+        """A pool of asynchronous tasks committed in simulated-time order (see AsyncPool). In a
+        resumed run the pool comes back with the tasks that were in flight at the checkpoint."""
+        pool = AsyncPool(self)
+        if self._resume is not None and len(self._pools) < len(self._resume.pools):
+            pool.restore(self._resume.pools[len(self._pools)])
+        self._pools.append(pool)
+        return pool
+
+    def track(self, state: T) -> T:
+        """Register the server loop's state (model, control variates, buffers: one object the
+        loop reads and updates) as `fed.server_state`, where checkpoints and tests find it.
+        In a resumed run this returns the checkpoint's state instead of `state`.
+
+        The pattern every algorithm follows, so it is checkpointable without code of its own:
+
+            s = fed.track(MyState(x=fed.initial_params(), ...))
+            for r in fed.rounds(run.rounds):
+                ...                         # read and update s.x, s.whatever
+                fed.log_round(r, **metrics)  # may checkpoint s here
+        """
+        if self._resume is not None:
+            state = self._resume.server_state
+        self.server_state = state
+        return state
+
+    def rounds(self, total: int) -> range:
+        """The server rounds still to run: all of them, or those after a resumed checkpoint."""
+        return range(self.start_round, total)
 
     def advance_version(self) -> int:
         """Count one more global-model version (staleness = versions applied since download)."""
@@ -241,22 +328,183 @@ class Federation:
         for c in ids:
             by_host.setdefault(self.host_of(c), []).append(c)
         payload_ref = ray.put(payload)  # shipped once; hosts read it zero-copy
-        futures = []
-        for h, hids in by_host.items():
+        tasks = self.new_task_ids(ids)
+        for c in ids:
+            extra = per_client.get(c) if per_client else None
+            self._inputs[tasks[c]] = TaskInput(c, fn, round, payload_ref, extra, budgets.get(c) if budgets else None)
+
+        def launch(h: int) -> Any:
+            hids = by_host[h]
             sub = {c: per_client[c] for c in hids if c in per_client} if per_client else None
             bud = {c: budgets[c] for c in hids} if budgets is not None else None
-            futures.append(self.hosts[h].run.remote(fn, hids, round, payload_ref, sub, bud))
-        records = sorted((rec for batch in ray.get(futures) for rec in batch), key=lambda r: r["client"])
+            mine = {c: tasks[c] for c in hids}
+            return self.hosts[h].run.remote(fn, hids, round, payload_ref, sub, bud, mine, self.take_decisions(h))
+
+        batches, rerun = self.on_hosts(launch, list(by_host), launched=lambda: self.count_dispatch(len(ids)))
+        records = sorted((rec for batch in batches for rec in batch), key=lambda r: r["client"])
         results = [settle(plans[rec["client"]], rec, self.system, round) for rec in records]
+        for r in results:
+            r.task = tasks[r.client]
+            if r.host in rerun:
+                r.extra["rerun"] = True
         if not timed:
             for r in results:
-                r.finish_time, r.outcome = start, "ok"
-            self.record_tasks(results, round, phase)
-            return results
-        end = close_round(results, sys_cfg.policy, start, sys_cfg.deadline, self._keep.get(round))
-        self.clock.advance_to(end)
+                r.finish_time = start
+                if r.outcome != NONFINITE:
+                    r.outcome = "ok"
+        else:
+            end = close_round(results, sys_cfg.policy, start, sys_cfg.deadline, self._keep.get(round))
+            self.clock.advance_to(end)
         self.record_tasks(results, round, phase)
+        self.decide(results)
         return [r for r in results if r.ok]
+
+    # ------------------------------------------------------------------ state commits
+
+    @property
+    def tasks_issued(self) -> int:
+        """Client tasks created so far (each logged once in `clients`, re-runs included, unless
+        still in flight when an asynchronous run ends)."""
+        return self._next_task
+
+    def new_task_ids(self, clients: list[int]) -> dict[int, int]:
+        """Fresh task ids, one per client: the handle under which a host stages a task's state."""
+        ids = {c: self._next_task + i for i, c in enumerate(clients)}
+        self._next_task += len(clients)
+        return ids
+
+    def decide(self, results: list[ClientResult]) -> None:
+        """Settle finished tasks: an ok task's staged client state is committed, any other
+        outcome's discarded. The decisions travel with the next call to each host. With
+        `algorithm.nonfinite: fail` a non-finite answer then stops the run."""
+        for r in results:
+            self._decisions.setdefault(r.host, {})[r.task] = r.ok
+            given = self._inputs.pop(r.task, None)
+            if r.ok and r.state_changed and given is not None:
+                self._journal.append(given)
+        bad = next((r for r in results if r.outcome == NONFINITE), None)
+        if bad is not None and getattr(self.cfg.algorithm, "nonfinite", "drop") == "fail":
+            keys = ", ".join(nonfinite_keys(bad.values, bad.local_steps))
+            raise NonFiniteUpdateError(
+                f"client {bad.client} returned non-finite values ({keys}) in round {bad.round}; "
+                "algorithm.nonfinite is 'fail' (set it to 'drop' to skip such updates)"
+            )
+
+    def discard(self, host: int, task: int) -> None:
+        """Settle a task the server never read (still in flight at the end): nothing commits."""
+        self._decisions.setdefault(host, {})[task] = False
+        self._inputs.pop(task, None)
+        self.tasks_discarded += 1
+
+    def remember_input(self, task: int, given: TaskInput) -> None:
+        """Keep what an asynchronous task was given until the server decides on it."""
+        self._inputs[task] = given
+
+    # ------------------------------------------------------------------ failures
+
+    def on_hosts(
+        self, launch: Callable[[int], Any], hosts: list[int], launched: Callable[[], None] | None = None
+    ) -> tuple[list[Any], set[int]]:
+        """Gather `launch(h)` (a remote call on `self.hosts[h]`) from every host in `hosts`. A
+        host that dies (killed, out of memory, node lost) or hangs past `engine.task_timeout`
+        is replaced and its call launched again (client tasks with the same task ids and seeds),
+        so the outcome is the failure-free one. Returns the answers (in no particular order)
+        and the hosts that were replaced."""
+        import ray
+
+        pending = {launch(h): h for h in hosts}
+        if launched is not None:
+            launched()
+        answers: list[Any] = []
+        rerun: set[int] = set()
+        while pending:
+            ready, stuck = ray.wait(list(pending), num_returns=len(pending), timeout=self.cfg.engine.task_timeout)
+            failed = [pending.pop(ref) for ref in stuck]
+            for ref in ready:
+                h = pending.pop(ref)
+                try:
+                    answers.append(ray.get(ref))
+                except host_lost():
+                    failed.append(h)
+            for h in failed:
+                self.replace_host(h)
+                rerun.add(h)
+                pending[launch(h)] = h
+        return answers, rerun
+
+    def replace_host(self, h: int) -> None:
+        """Replace dead (or hung) host `h`: a fresh actor for the same clients, their state
+        restored from the last checkpoint plus the accepted tasks since (replayed in order with
+        the same inputs and seeds). At most `engine.max_restarts` replacements per run."""
+        import ray
+
+        self.host_failures += 1
+        self._round_failures += 1
+        if self.host_failures > self.cfg.engine.max_restarts:
+            raise HostFailureError(
+                f"host {h} failed ({self.host_failures} host failures in this run, engine.max_restarts="
+                f"{self.cfg.engine.max_restarts}); see the Ray logs for why it died"
+            )
+        with contextlib.suppress(Exception):
+            ray.kill(self.hosts[h], no_restart=True)
+        self._decisions.pop(h, None)  # decisions for tasks staged on the dead actor: moot
+        host = self._spawn_host(h)
+        mine = set(int(c) for c in self.placement.assignment[h])
+        base = {c: st for c, st in self.base_client_states().items() if c in mine}
+        waits = [host.import_states.remote(base)] if base else []
+        for given in self._journal:
+            if given.client in mine:
+                c = given.client
+                extra = {c: given.extra} if given.extra is not None else None
+                budget = {c: given.budget} if given.budget is not None else None
+                waits.append(host.run.remote(given.fn, [c], given.key, given.payload_ref, extra, budget))
+        ray.get(waits)
+        self.hosts[h] = host
+
+    def base_client_states(self) -> dict[int, dict[str, Any]]:
+        """Client states as of the last checkpoint (or the resumed one, or empty at the start):
+        what a replaced host starts from before the journal is replayed."""
+        if self.last_checkpoint is not None and self.writer is not None:
+            ckpt = load_checkpoint(self.writer.location)
+            if ckpt is not None:
+                return ckpt.client_states
+        if self._resume is not None:
+            return self._resume.client_states
+        return {}
+
+    def count_dispatch(self, n: int) -> None:
+        """Count launched tasks; with `engine.kill_host_every` (a fault-injection hook for soak
+        tests) kill a seeded-random host each time the count passes a multiple of it."""
+        import ray
+
+        every = self.cfg.engine.kill_host_every
+        before, self._dispatched = self._dispatched, self._dispatched + n
+        if not every or before // every == self._dispatched // every:
+            return
+        victim = int(numpy_rng(self.seed, "chaos", self._dispatched // every).integers(len(self.hosts)))
+        ray.kill(self.hosts[victim], no_restart=True)
+
+    def take_decisions(self, host: int) -> dict[int, bool] | None:
+        """The decisions not yet sent to `host` (None when there are none), now handed over."""
+        return self._decisions.pop(host, None) or None
+
+    def flush_decisions(self) -> None:
+        """Send every pending decision now and wait, so each host's states are committed."""
+
+        waiting = [h for h, d in self._decisions.items() if d]
+        self.on_hosts(lambda h: self.hosts[h].settle.remote(self.take_decisions(h) or {}), waiting)
+
+    def client_state(self, client_ids: list[int], key: str) -> dict[int, Any]:
+        """One committed state entry of some clients (e.g. personal models), read on their hosts."""
+
+        by_host: dict[int, list[int]] = {}
+        for c in client_ids:
+            by_host.setdefault(self.host_of(c), []).append(int(c))
+        parts, _ = self.on_hosts(lambda h: self.hosts[h].get_state.remote(by_host[h], key, self.take_decisions(h)), list(by_host))
+        out: dict[int, Any] = {}
+        for part in parts:
+            out.update(part)
+        return out
 
     def record_tasks(self, results: list[ClientResult], round: int, phase: str) -> None:
         """Count outcomes and bytes for the round row, and write one `clients` row per task."""
@@ -287,6 +535,8 @@ class Federation:
                 "backward_samples": r.backward_samples,
                 "bytes_up": r.bytes_up,
                 "bytes_down": r.bytes_down,
+                "rerun": bool(r.extra.get("rerun", False)),
+                "task": r.task,
             }
             loss = r.values.get("loss") if isinstance(r.values, dict) else None
             if isinstance(loss, (int, float, np.floating)):
@@ -321,10 +571,12 @@ class Federation:
             "wall_time": self.wall_time,
             "bytes": self._round_bytes,
             **{f"clients_{k}": v for k, v in self._outcomes.items()},
+            "host_failures": self._round_failures,
             **{k: _scalar(v) for k, v in metrics.items()},
         }
         self._round_bytes = 0
         self._outcomes = dict.fromkeys(OUTCOMES, 0)
+        self._round_failures = 0
         if self.writer is not None:
             self.writer.append("rounds", row)
             if (round + 1) % self.cfg.output.flush_every_rounds == 0:
@@ -332,6 +584,54 @@ class Federation:
                 self.writer.update_manifest(last_round=round, sim_time=self.clock.now)
         if self.progress is not None:
             self.progress(row)
+        every = self.cfg.output.checkpoint_every
+        if self.stop_requested or (every and (round + 1) % every == 0):
+            self.checkpoint(round)
+        if self.stop_requested:
+            where = self.writer.run_dir if self.writer is not None else "<run dir>"
+            raise RunInterrupted(f"stopped after round {round}; continue with: rayfl resume {where}")
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def checkpoint(self, round: int) -> Checkpoint | None:
+        """Save the run's state after `round` (see rayfl.engine.checkpoint) beside its Parquet.
+        Every row logged so far is flushed first, so the checkpoint names complete part files."""
+
+        if self.writer is None:
+            return None
+        self.writer.flush()
+        parts, _ = self.on_hosts(lambda h: self.hosts[h].export_states.remote(self.take_decisions(h)), list(range(len(self.hosts))))
+        states: dict[int, dict[str, Any]] = {}
+        for part in parts:
+            states.update(part)
+        ckpt = Checkpoint(
+            round=round,
+            server_state=self.server_state,
+            client_states=states,
+            clock=self.clock.now,
+            model_version=self.model_version,
+            next_task=self._next_task,
+            pools=[pool.snapshot() for pool in self._pools],
+            parts=self.writer.part_counts(),
+        )
+        save_checkpoint(self.writer.location, ckpt)
+        self._journal.clear()  # the checkpoint now holds what they changed
+        self.writer.update_manifest(checkpoint={"round": round, "sim_time": self.clock.now, "file": CHECKPOINT_FILE})
+        self.last_checkpoint = round
+        return ckpt
+
+    def _restore(self, ckpt: Checkpoint) -> None:
+        """Put a checkpoint's client states back on the hosts and the clock where it was."""
+        import ray
+
+        by_host: dict[int, dict[int, dict[str, Any]]] = {}
+        for cid, state in ckpt.client_states.items():
+            by_host.setdefault(self.host_of(cid), {})[cid] = state
+        ray.get([self.hosts[h].import_states.remote(states) for h, states in by_host.items()])
+        self.clock = SimClock(ckpt.clock)
+        self.model_version = ckpt.model_version
+        self._next_task = ckpt.next_task
+        self.start_round = ckpt.round + 1
 
     def log_eval(self, round: int, metrics: Mapping[str, Any], client: int = -1, split: str = "test") -> None:
         """One row of `evals`: client -1 is the global model."""

@@ -3,10 +3,17 @@
 A torch process costs seconds to start and hundreds of MB, so a host keeps many clients: their
 index partitions, their persistent state and one model instance they share. The dataset arrays
 arrive once through the object store (zero-copy numpy views); per-client state never leaves the
-host, unlike Flower's context round-trip."""
+host, unlike Flower's context round-trip.
+
+State is transactional. A task runs on a private copy of its client's committed state; the copy
+is staged under the task's id and becomes the client's state only when the driver settles the
+task as accepted (outcome ok). A late, dropped, stale or non-finite task leaves the state as it
+was. Settlements ride on the next call to the host (Ray runs one caller's calls to an actor in
+order), so they cost no extra round trip."""
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -51,6 +58,7 @@ class ClientHostImpl:
         self.device = resolve_device(device)
         self.model = build_model(model_cfg, tuple(input_shape), num_classes).to(self.device)
         self.states: dict[int, dict[str, Any]] = {cid: {} for cid in self.client_train}
+        self.staged: dict[int, tuple[int, dict[str, Any]]] = {}  # task id -> (client, new state)
 
     def client_ids(self) -> list[int]:
         return sorted(self.client_train)
@@ -63,15 +71,24 @@ class ClientHostImpl:
         broadcast: Mapping[str, Any],
         per_client: Mapping[int, Mapping[str, Any]] | None = None,
         budgets: Mapping[int, float] | None = None,
+        task_ids: Mapping[int, int] | None = None,
+        settle: Mapping[int, bool] | None = None,
     ) -> list[dict[str, Any]]:
         """Run `fn` for each client in `client_ids` (one after another, in id order) and return
         one record per client: the function's output plus the work it did and bytes it sends.
-        `budgets` caps a client's FLOPs (a deadline with partial work)."""
+        `budgets` caps a client's FLOPs (a deadline with partial work).
+
+        With `task_ids` (client -> task id) each client's new state is staged until the driver
+        settles that task; without, it is committed at once (in-process use and unit tests).
+        `settle` (task id -> accepted) applies the driver's earlier decisions first."""
+        if settle:
+            self.settle(settle)
         records = []
         for cid in sorted(client_ids):
             if cid not in self.client_train:
                 raise KeyError(f"host {self.host_id} does not host client {cid}")
-            ctx = self._context(cid, round)
+            state = copy_state(self.states[cid])
+            ctx = self._context(cid, round, state)
             if budgets is not None and cid in budgets:
                 ctx.work.budget_flops = budgets[cid]
             extra = dict(per_client.get(cid, {})) if per_client else {}
@@ -79,6 +96,11 @@ class ClientHostImpl:
             if not isinstance(out, Mapping):
                 raise TypeError(f"client function {getattr(fn, '__name__', fn)} must return a dict")
             values = to_numpy_tree(dict(out))
+            changed = not same_state(state, self.states[cid])
+            if task_ids is None:
+                self.states[cid] = state
+            elif changed:
+                self.staged[task_ids[cid]] = (cid, state)
             records.append(
                 {
                     "client": cid,
@@ -91,11 +113,21 @@ class ClientHostImpl:
                     "truncated": ctx.work.truncated,
                     "bytes_up": payload_nbytes(values),
                     "bytes_down": payload_nbytes(broadcast) + payload_nbytes(extra),
+                    "state_changed": changed,
                 }
             )
         return records
 
-    def _context(self, cid: int, round: int) -> ClientContext:
+    def settle(self, decisions: Mapping[int, bool]) -> None:
+        """Commit (True) or discard (False) the staged state of finished tasks. A task settled
+        twice, or never staged (it failed before staging), is ignored."""
+        for task, accepted in decisions.items():
+            staged = self.staged.pop(task, None)
+            if staged is not None and accepted:
+                cid, state = staged
+                self.states[cid] = state
+
+    def _context(self, cid: int, round: int, state: dict[str, Any]) -> ClientContext:
         idx = self.client_train[cid]
         x = torch.from_numpy(self.arrays["train_x"][idx]).to(self.device)
         y = torch.from_numpy(self.arrays["train_y"][idx]).to(self.device)
@@ -114,25 +146,96 @@ class ClientHostImpl:
             y=y,
             test_x=test_x,
             test_y=test_y,
-            state=self.states[cid],
+            state=state,
         )
         ctx.work.flops_per_sample = self.flops_per_sample
         ctx.work.backward_cost = self.backward_cost
         return ctx
 
-    def get_state(self, client_ids: list[int], key: str) -> dict[int, Any]:
-        """Read one state entry of some clients (personalized models, for evaluation/export)."""
+    def get_state(self, client_ids: list[int], key: str, settle: Mapping[int, bool] | None = None) -> dict[int, Any]:
+        """Read one committed state entry of some clients (personalized models, for evaluation
+        or export), after applying the driver's pending decisions."""
+        if settle:
+            self.settle(settle)
         return {cid: to_numpy_tree(self.states[cid].get(key)) for cid in client_ids}
+
+    def export_states(self, settle: Mapping[int, bool] | None = None) -> dict[int, dict[str, Any]]:
+        """Every client's committed, non-empty state (for a checkpoint), after the driver's
+        pending decisions. Tasks still staged are not part of it: they are re-run on resume."""
+        if settle:
+            self.settle(settle)
+        return {cid: _map_tensors(state, lambda t: t.detach().cpu()) for cid, state in self.states.items() if state}
+
+    def import_states(self, states: Mapping[int, dict[str, Any]]) -> None:
+        """Restore committed states (a resumed run, a replaced host); tensors go to this host's
+        device, everything else comes back as it was stored."""
+        for cid, state in states.items():
+            if cid not in self.client_train:
+                raise KeyError(f"host {self.host_id} does not host client {cid}")
+            self.states[cid] = _map_tensors(copy_state(state), lambda t: t.to(self.device))
+        self.staged.clear()
 
     def info(self) -> dict[str, Any]:
         return {
             "host": self.host_id,
             "pid": os.getpid(),
+            "node_id": _node_id(),
             "clients": len(self.client_train),
             "device": str(self.device),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "torch_threads": torch.get_num_threads(),
         }
+
+
+def copy_state(state: dict[str, Any]) -> dict[str, Any]:
+    """A private copy a task may change freely, in place or by assignment: tensors and arrays
+    are cloned, anything else deep-copied. Costs O(state), far below the task's own work."""
+    out: dict[str, Any] = {}
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor):
+            out[key] = value.clone()
+        elif isinstance(value, np.ndarray):
+            out[key] = value.copy()
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _node_id() -> str | None:
+    """The Ray node this host runs on (None outside Ray)."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    except Exception:
+        return None
+
+
+def same_state(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two client states hold equal values (a task that changed nothing needs neither a
+    commit nor a replay after a host failure)."""
+    if a.keys() != b.keys():
+        return False
+    for key, x in a.items():
+        y = b[key]
+        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.shape == y.shape and torch.equal(x, y)):
+                return False
+        elif isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+            if not np.array_equal(x, y):
+                return False
+        else:
+            try:
+                if bool(x != y):
+                    return False
+            except (TypeError, ValueError):  # something without a plain equality: assume changed
+                return False
+    return True
+
+
+def _map_tensors(state: dict[str, Any], fn: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, Any]:
+    """`state` with `fn` applied to its top-level tensors (device moves for export / import)."""
+    return {k: fn(v) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
 
 
 def resolve_device(device: str) -> torch.device:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rayfl.config import EngineConfig
+from rayfl.engine.resources import ResourceError
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,12 @@ def plan_placement(cfg: EngineConfig, num_clients: int, cluster_resources: dict[
     elif cfg.num_gpus_per_host > 0:
         gpus = cluster_resources.get("GPU", 0.0)
         if gpus <= 0:
-            raise ValueError("engine.num_gpus_per_host > 0 but the Ray cluster has no GPU")
+            raise ResourceError(
+                "engine.num_gpus_per_host",
+                f"{cfg.num_gpus_per_host:g} GPU per host asked, but the Ray cluster has no "
+                "GPU now; set engine.num_gpus_per_host=0, or engine.num_hosts if an autoscaler "
+                "adds GPUs",
+            )
         hosts = max(1, int(gpus / cfg.num_gpus_per_host + 1e-9))
     else:
         cpus = cluster_resources.get("CPU", 1.0)

@@ -13,6 +13,7 @@ seeded distributions, or read from a trace file.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -185,21 +186,99 @@ class SystemModel:
         )
 
 
+TRACE_COLUMNS = ("client", "speed", "up_bandwidth", "down_bandwidth", "latency", "dropout",
+                 "available_from", "available_to")
+
+
+def _positive(v: np.ndarray) -> np.ndarray:
+    return np.isnan(v) | (np.isfinite(v) & (v > 0))
+
+
+def _non_negative(v: np.ndarray) -> np.ndarray:
+    return np.isnan(v) | (np.isfinite(v) & (v >= 0))
+
+
+def _probability(v: np.ndarray) -> np.ndarray:
+    return np.isnan(v) | ((v >= 0) & (v <= 1))
+
+
+def _time(v: np.ndarray) -> np.ndarray:
+    return ~np.isnan(v)
+
+
+# What each column's cells must satisfy (an empty profile cell keeps the drawn value).
+TRACE_CHECKS = {
+    "client": (lambda v: np.isfinite(v) & (v == np.round(v)), "must be an integer client id"),
+    "speed": (_positive, "must be > 0 and finite (or empty)"),
+    "up_bandwidth": (_positive, "must be > 0 and finite (or empty)"),
+    "down_bandwidth": (_positive, "must be > 0 and finite (or empty)"),
+    "latency": (_non_negative, "must be >= 0 and finite (or empty)"),
+    "dropout": (_probability, "must be a probability in [0, 1] (or empty)"),
+    "available_from": (_time, "must be a time in simulated seconds"),
+    "available_to": (_time, "must be a time in simulated seconds"),
+}
+
+
 def read_trace(path: Path, num_clients: int) -> pd.DataFrame:
-    """A device trace: CSV or Parquet with a `client` column; errors name the file."""
+    """A device trace: CSV or Parquet with a `client` column. Its contents are checked here
+    (config validation calls this before Ray starts), so a bad cell is a ConfigError naming
+    the file, column and line, never a pandas traceback half-way through a run."""
+    is_csv = path.suffix.lower() not in (".parquet", ".pq")
     try:
-        trace = pd.read_parquet(path) if path.suffix.lower() in (".parquet", ".pq") else pd.read_csv(path)
+        with warnings.catch_warnings():  # more fields than header names: an error, not a warning
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            trace = pd.read_csv(path, index_col=False) if is_csv else pd.read_parquet(path)
     except Exception as e:  # pandas raises many types for unreadable files
-        raise ConfigError("system.trace", f"cannot read {path}: {e}") from e
-    if "client" not in trace.columns:
-        raise ConfigError("system.trace", f"{path} has no 'client' column (columns: {list(trace.columns)})")
-    bad = trace[(trace["client"] < 0) | (trace["client"] >= num_clients)]
-    if len(bad):
-        raise ConfigError("system.trace", f"{path} names client {int(bad['client'].iloc[0])}, outside 0..{num_clients - 1}")
-    for col in ("speed", "up_bandwidth", "down_bandwidth"):
-        if col in trace.columns and (trace[col].dropna() <= 0).any():
-            raise ConfigError("system.trace", f"{path}: column {col} must be > 0")
-    return trace
+        raise ConfigError("system.trace", f"cannot read {path}: {' '.join(str(e).split())}") from e
+    cols = list(trace.columns)
+    if "client" not in cols:
+        raise ConfigError("system.trace", f"{path} has no 'client' column (columns: {cols})")
+    unknown = [c for c in cols if c not in TRACE_COLUMNS]
+    if unknown:
+        raise ConfigError(
+            "system.trace",
+            f"{path}: unknown column {unknown[0]!r}; allowed columns are {list(TRACE_COLUMNS)}",
+        )
+    if ("available_from" in cols) != ("available_to" in cols):
+        raise ConfigError("system.trace", f"{path}: give both available_from and available_to")
+    if len(trace) == 0:
+        raise ConfigError("system.trace", f"{path} has a header but no rows")
+
+    def bad_cell(col: str, row: int, what: str) -> ConfigError:
+        where = f"line {row + 2}" if is_csv else f"row {row}"  # CSV line 1 is the header
+        value = trace[col].iloc[row]
+        value = value.item() if isinstance(value, np.generic) else value  # 5, not np.int64(5)
+        return ConfigError("system.trace", f"{path}, {where}: column {col} {what}, got {value!r}")
+
+    numeric: dict[str, np.ndarray] = {}
+    for col in cols:
+        if pd.api.types.is_bool_dtype(trace[col]):
+            raise bad_cell(col, 0, "must be numeric")
+        values = pd.to_numeric(trace[col], errors="coerce").to_numpy(dtype=np.float64)
+        bad = np.flatnonzero(np.isnan(values) & trace[col].notna().to_numpy())
+        if bad.size:
+            raise bad_cell(col, int(bad[0]), "must be numeric")
+        ok, what = TRACE_CHECKS[col]
+        bad = np.flatnonzero(~ok(values))
+        if bad.size:
+            raise bad_cell(col, int(bad[0]), what)
+        numeric[col] = values
+    clients = numeric["client"]
+    bad = np.flatnonzero((clients < 0) | (clients >= num_clients))
+    if bad.size:
+        raise ConfigError(
+            "system.trace",
+            f"{path} names client {int(clients[bad[0]])}, outside 0..{num_clients - 1} "
+            f"(partition.num_clients={num_clients})",
+        )
+    if "available_from" in numeric:
+        bad = np.flatnonzero(numeric["available_to"] < numeric["available_from"])
+        if bad.size:
+            start = numeric["available_from"][bad[0]]
+            raise bad_cell("available_to", int(bad[0]), f"is before available_from ({start:g})")
+    out = pd.DataFrame(numeric)
+    out["client"] = clients.astype(np.int64)
+    return out
 
 
 def forward_flops_per_sample(model: torch.nn.Module, input_shape: tuple[int, ...]) -> float:

@@ -6,14 +6,21 @@ Everything here is plain Python over numbers, so the policies are tested without
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from rayfl.engine.system import SystemModel, TaskTiming
 from rayfl.rng import numpy_rng
 
-OK, LATE, DROPPED, OFFLINE, STALE = "ok", "late", "dropped", "offline", "stale"
-OUTCOMES = (OK, LATE, DROPPED, OFFLINE, STALE)
+OK, LATE, DROPPED, OFFLINE, STALE, NONFINITE = "ok", "late", "dropped", "offline", "stale", "nonfinite"
+OUTCOMES = (OK, LATE, DROPPED, OFFLINE, STALE, NONFINITE)
+
+
+class NonFiniteUpdateError(FloatingPointError):
+    """A client returned NaN or Inf and `algorithm.nonfinite` is `fail`."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,8 @@ class ClientResult:
     truncated: bool = False
     seq: int = 0
     round: int = 0
+    task: int = -1
+    state_changed: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -84,6 +93,8 @@ def settle(plan: TaskPlan, rec: dict[str, Any], system: SystemModel, round: int)
         finish, outcome = plan.dispatch_time + plan.drop_fraction * timing.total, DROPPED
     if plan.offline_time is not None and plan.offline_time < finish:
         finish, outcome = plan.offline_time, OFFLINE
+    if outcome == OK and nonfinite_keys(rec["values"], rec["local_steps"]):
+        outcome = NONFINITE
     return ClientResult(
         client=rec["client"],
         host=rec["host"],
@@ -100,9 +111,43 @@ def settle(plan: TaskPlan, rec: dict[str, Any], system: SystemModel, round: int)
         outcome=outcome,
         version=plan.version,
         truncated=rec.get("truncated", False),
+        state_changed=rec.get("state_changed", True),
         seq=plan.seq,
         round=round,
     )
+
+
+def nonfinite_keys(values: Any, local_steps: int) -> list[str]:
+    """The keys of a client's answer holding NaN or Inf (the task is then never applied).
+    A NaN `loss` after zero local steps is no measurement, not a failure."""
+    return [
+        key
+        for key, value in _leaves(values, "")
+        if not (key == "loss" and local_steps == 0 and _is_nan_scalar(value)) and not _finite(value)
+    ]
+
+
+def _leaves(value: Any, key: str) -> Iterator[tuple[str, Any]]:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _leaves(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _leaves(v, f"{key}[{i}]")
+    else:
+        yield key, value
+
+
+def _finite(value: Any) -> bool:
+    if isinstance(value, np.ndarray):
+        return not np.issubdtype(value.dtype, np.inexact) or bool(np.isfinite(value).all())
+    if isinstance(value, (float, np.floating, complex, np.complexfloating)):
+        return bool(np.isfinite(value))
+    return True
+
+
+def _is_nan_scalar(value: Any) -> bool:
+    return isinstance(value, (float, np.floating)) and math.isnan(value)
 
 
 def lower_bound_finish(plan: TaskPlan, system: SystemModel, bytes_down: int, min_flops: float) -> float:
@@ -122,24 +167,30 @@ def close_round(results: list[ClientResult], policy: str, start: float, deadline
 
     sync: the round ends when the last selected client has finished or failed.
     deadline: it ends at start + deadline at the latest; ok tasks finishing later are late.
-    over_selection: it ends when the `keep`-th ok task finishes; later ok tasks are late."""
+    over_selection: it ends when the `keep`-th ok task finishes; later ok tasks are late.
+    A non-finite answer arriving after the close is late too: the server never read it."""
     if not results:
         return start
     last_event = max(r.finish_time for r in results)
+    arrived = (OK, NONFINITE)
     if policy == "sync":
         return last_event
     if policy == "deadline":
         assert deadline is not None
         close = start + deadline
         for r in results:
-            if r.ok and r.finish_time > close:
+            if r.outcome in arrived and r.finish_time > close:
                 r.outcome = LATE
         return min(close, last_event)
     if policy == "over_selection":
         ok = sorted((r for r in results if r.ok), key=lambda r: (r.finish_time, r.client))
         if keep is None or len(ok) < keep:
             return last_event  # fewer than K made it: the server heard from everyone
+        close = ok[keep - 1].finish_time
         for r in ok[keep:]:
             r.outcome = LATE
-        return ok[keep - 1].finish_time
+        for r in results:
+            if r.outcome == NONFINITE and r.finish_time > close:
+                r.outcome = LATE
+        return close
     raise ValueError(f"unknown policy {policy}")

@@ -3,20 +3,25 @@
 Part files are read one at a time and concatenated with pandas, so runs written by different
 rayfl versions (different columns) still load together: the result has the union of columns.
 Only complete part files are read (`*.parquet`, never the writer's dot-named temp files), so
-loading a run that is still being written, or that crashed, is safe.
+loading a run that is still being written, or that crashed, is safe. Paths may be local or any
+pyarrow filesystem URI (`s3://bucket/prefix`, see `rayfl.results.storage`); everything is read
+through that filesystem.
 """
 
 from __future__ import annotations
 
 import json
+import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from rayfl.results.storage import Location, RunDir
 from rayfl.results.writer import RunWriter
 
 KEYS = ["experiment", "run_id"]
@@ -44,18 +49,17 @@ class Results:
 
 
 def load(path: str | Path = "results") -> Results:
-    """Load every run at or below `path` (a run directory, an experiment or a results root)."""
-    root = Path(path).expanduser()
-    run_dirs = find_runs(root)
+    """Load every run at or below `path` (a run directory, an experiment or a results root;
+    a local path or a URI such as `s3://bucket/prefix`)."""
     manifests = []
     tables: dict[str, list[pd.DataFrame]] = {t: [] for t in RunWriter.TABLES}
-    for run_dir in run_dirs:
-        manifest = read_manifest(run_dir)
-        experiment = str(manifest.get("experiment") or run_dir.parent.name)
-        run_id = str(manifest.get("run_id") or run_dir.name)
-        manifests.append(manifest_row(manifest, experiment, run_id, run_dir))
+    for run in _find(Location.parse(path)):
+        manifest = _read_manifest(run)
+        experiment = str(manifest.get("experiment") or posixpath.basename(posixpath.dirname(run.path)))
+        run_id = str(manifest.get("run_id") or posixpath.basename(run.path))
+        manifests.append(manifest_row(manifest, experiment, run_id, run.name))
         for table in RunWriter.TABLES:
-            frame = read_table(run_dir / table)
+            frame = _read_table(run.child(table))
             if len(frame):
                 tables[table].append(_with_keys(frame, experiment, run_id))
     return Results(
@@ -66,42 +70,72 @@ def load(path: str | Path = "results") -> Results:
     )
 
 
-def find_runs(root: Path) -> list[Path]:
-    """Run directories (those holding a manifest.json) at or below `root`, in path order."""
-    if not root.exists():
+def find_runs(root: str | Path) -> list[RunDir]:
+    """Run directories (those holding a manifest.json) at or below `root`, in path order:
+    Paths for a local root, URIs for a remote one."""
+    return [run.name for run in _find(Location.parse(root))]
+
+
+def read_manifest(run_dir: str | Path) -> dict[str, Any]:
+    """One run's manifest.json as a dict."""
+    return _read_manifest(Location.parse(run_dir))
+
+
+def read_table(table_dir: str | Path) -> pd.DataFrame:
+    """All complete part files of one table of one run, in part order (empty if none)."""
+    return _read_table(Location.parse(table_dir))
+
+
+def _find(root: Location) -> list[Location]:
+    kind = root.info().type
+    if kind == pafs.FileType.NotFound:
         raise FileNotFoundError(f"no results at {root}: the path does not exist")
-    if (root / "manifest.json").is_file():
+    if root.child("manifest.json").is_file():
         return [root]
-    runs = sorted(p.parent for p in root.rglob("manifest.json") if p.is_file())
-    if not runs:
+    is_dir = kind == pafs.FileType.Directory
+    entries = root.fs.get_file_info(pafs.FileSelector(root.path, recursive=True)) if is_dir else []
+    found = sorted(
+        (
+            posixpath.relpath(posixpath.dirname(e.path), root.path).split("/")
+            for e in entries
+            if e.type == pafs.FileType.File and e.base_name == "manifest.json"
+        ),
+    )
+    if not found:
         raise FileNotFoundError(
             f"no runs under {root}: expected <experiment>/<run_id>/manifest.json below it "
             "(pass a run directory, an experiment directory or the results root)"
         )
-    return runs
+    return [root.child(*rel) for rel in found]
 
 
-def read_manifest(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "manifest.json"
+def _read_manifest(run: Location) -> dict[str, Any]:
+    where = run.child("manifest.json")
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(where.read_bytes())
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from e
+        raise ValueError(f"{where} is not valid JSON: {e}") from e
     if not isinstance(manifest, dict):
-        raise ValueError(f"{path} must hold a JSON object")
+        raise ValueError(f"{where} must hold a JSON object")
     return manifest
 
 
-def read_table(table_dir: Path) -> pd.DataFrame:
-    """All complete part files of one table of one run, in part order (empty if none)."""
+def _read_table(table_dir: Location) -> pd.DataFrame:
     if not table_dir.is_dir():
         return pd.DataFrame()
-    parts = sorted(p for p in table_dir.glob("*.parquet") if not p.name.startswith((".", "_")))
-    frames = [pq.read_table(p).to_pandas() for p in parts]
+    entries = table_dir.fs.get_file_info(pafs.FileSelector(table_dir.path))
+    parts = sorted(
+        e.path
+        for e in entries
+        if e.type == pafs.FileType.File
+        and e.base_name.endswith(".parquet")
+        and not e.base_name.startswith((".", "_"))
+    )
+    frames = [pq.read_table(p, filesystem=table_dir.fs).to_pandas() for p in parts]
     return _concat_frames([f for f in frames if len(f)])
 
 
-def manifest_row(manifest: Mapping[str, Any], experiment: str, run_id: str, run_dir: Path) -> dict[str, Any]:
+def manifest_row(manifest: Mapping[str, Any], experiment: str, run_id: str, run_dir: RunDir) -> dict[str, Any]:
     """One flat row describing a run (see `Results`)."""
     row: dict[str, Any] = {
         "experiment": experiment,

@@ -1,10 +1,19 @@
 """`RunWriter`: stream a run's rows to Parquet part files while it runs.
 
 Layout: `<root>/<experiment>/<run_id>/manifest.json` plus `<table>/part-00000.parquet, ...` for
-each table in `RunWriter.TABLES`. A crash loses at most the rows appended since the last
-`flush`: every part file is written under a temporary dot-name, fsynced, then renamed into
-place, so any `*.parquet` on disk is complete (readers and pyarrow's dataset discovery skip
-dot-files). `manifest.json` is replaced the same way, so it is always valid JSON.
+each table in `RunWriter.TABLES`. `<root>` is a local path or any pyarrow filesystem URI
+(`s3://bucket/prefix`, see `rayfl.results.storage`). A crash loses at most the rows appended
+since the last `flush`, and no reader ever sees a torn file:
+
+* local disk: every part file is written under a temporary dot-name, fsynced, then renamed into
+  place, so any `*.parquet` on disk is complete (readers and pyarrow's dataset discovery skip
+  dot-files). `manifest.json` is replaced the same way, so it is always valid JSON. The first
+  manifest is hard-linked into place, so two writers can never both claim one run directory.
+* object stores (S3, GCS, Azure): there is no rename, but one PUT of a complete object is
+  atomic, so each file is serialised in memory and uploaded directly to its final key; readers
+  see the old object or the new one. The only weaker guarantee: claiming a run id there is a
+  check followed by a PUT, so two writers racing for the same run id are not told apart.
+* other remote filesystems (HDFS): written under a temporary dot-name, then moved into place.
 
 Column stability. Each table keeps the ordered union of the columns seen so far and one Arrow
 type per column, chosen from the lattice
@@ -29,6 +38,7 @@ import importlib.metadata
 import json
 import math
 import os
+import posixpath
 import subprocess
 import sys
 import time
@@ -40,6 +50,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rayfl.results.storage import Location, RunDir, put_bytes
+
 Scalar = int | float | bool | str | None
 
 # The type lattice, least to greatest.
@@ -49,30 +61,59 @@ RESERVED = ("run_id", "experiment")
 VERSIONED_PACKAGES = ("rayfl", "ray", "torch", "numpy", "pyarrow")
 
 
+class RunExistsError(FileExistsError):
+    """The run directory already holds a run: results are never silently replaced."""
+
+    def __init__(self, run_id: str, run_dir: RunDir):
+        self.run_id = run_id
+        self.run_dir = run_dir
+        super().__init__(
+            f"run.run_id {run_id!r} is taken: {run_dir} already holds a run; choose another "
+            "run.run_id (or leave it unset for a fresh one), or --set output.overwrite=true "
+            "to replace the old run"
+        )
+
+
 class RunWriter:
     """Buffered, crash-safe writer of one run's tables and manifest (see the module docstring).
+
+    `run_dir` is a `Path` for a local root and the run's URI string for a remote one. A run id
+    already used under `root` raises `RunExistsError`, unless `overwrite` is set: then the old
+    run's directory is removed first.
 
     Use as a context manager: leaving the block normally closes the run as "completed"; an
     exception closes it as "failed" (or "interrupted" for Ctrl-C and SIGTERM) and propagates."""
 
     TABLES = ("rounds", "clients", "evals")
 
-    def __init__(self, root: str | Path, experiment: str, run_id: str, manifest: Mapping[str, Any]):
+    def __init__(
+        self,
+        root: str | Path,
+        experiment: str,
+        run_id: str,
+        manifest: Mapping[str, Any],
+        overwrite: bool = False,
+    ):
         for label, name in (("experiment", experiment), ("run_id", run_id)):
             if not name or "/" in name or name in (".", ".."):
                 raise ValueError(f"{label} must be a non-empty name without '/', got {name!r}")
         self.experiment = experiment
         self.run_id = run_id
-        self.run_dir = Path(root) / experiment / run_id
-        self.manifest_path = self.run_dir / "manifest.json"
-        if self.manifest_path.exists():
-            raise FileExistsError(f"run directory {self.run_dir} already holds a run; choose another run_id")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._dir = Location.parse(root).child(experiment, run_id)
+        self.run_dir: RunDir = self._dir.name
+        manifest_at = self._dir.child("manifest.json")
+        self.manifest_path: RunDir = manifest_at.name
+        if manifest_at.exists():
+            if not overwrite:
+                raise RunExistsError(run_id, self.run_dir)
+            self._dir.fs.delete_dir(self._dir.path)
+        if not self._dir.is_object_store:  # object stores have no directories to make
+            self._dir.fs.create_dir(self._dir.path, recursive=True)
 
         self._buffers: dict[str, list[dict[str, Scalar]]] = {t: [] for t in self.TABLES}
         self._schemas: dict[str, dict[str, pa.DataType]] = {t: {"run_id": pa.string()} for t in self.TABLES}
         self._written_schema: dict[str, pa.Schema | None] = dict.fromkeys(self.TABLES)
-        self._parts: dict[str, list[Path]] = {t: [] for t in self.TABLES}
+        self._parts: dict[str, list[str]] = {t: [] for t in self.TABLES}
         self._t0 = time.monotonic()
         self.closed = False
 
@@ -85,7 +126,47 @@ class RunWriter:
             versions=package_versions(),
             git_revision=git_revision(),
         )
-        _write_json_exclusive(self.manifest_path, self.manifest)
+        self._claim_manifest()
+
+    @classmethod
+    def reopen(cls, run_dir: str | Path, parts: Mapping[str, int]) -> RunWriter:
+        """Continue a stopped run in its directory: keep each table's first `parts[table]`
+        part files (what its checkpoint names), delete the ones written after it (a resumed
+        run writes those rows again, identically), and go on with their schema."""
+        self = cls.__new__(cls)
+        self._dir = Location.parse(run_dir)
+        self.run_dir = self._dir.name
+        self.manifest_path = self._dir.child("manifest.json").name
+        self.manifest = json.loads(self._dir.child("manifest.json").read_bytes())
+        self.experiment, self.run_id = self.manifest["experiment"], self.manifest["run_id"]
+        self._buffers = {t: [] for t in self.TABLES}
+        self._schemas, self._written_schema, self._parts = {}, {}, {}
+        fs = self._dir.fs
+        for table in self.TABLES:
+            keep = int(parts.get(table, 0))
+            found = sorted(f.path for f in _part_files(fs, posixpath.join(self._dir.path, table)))
+            if len(found) < keep:
+                raise ValueError(f"{self.run_dir}: table {table} has {len(found)} part files, its checkpoint names {keep}")
+            for extra in found[keep:]:
+                fs.delete_file(extra)
+            self._parts[table] = found[:keep]
+            schema = pq.read_schema(found[keep - 1], filesystem=fs) if keep else None
+            self._written_schema[table] = schema
+            self._schemas[table] = {f.name: f.type for f in schema} if schema else {"run_id": pa.string()}
+        self._t0 = time.monotonic()
+        self.closed = False
+        resumes = [*self.manifest.get("resumed_at", []), _now()]
+        self.update_manifest(status="running", resumed_at=resumes, finished_at=None, error=None)
+        return self
+
+    @property
+    def location(self) -> Location:
+        """The run directory on its filesystem (checkpoints are written beside the tables)."""
+        return self._dir
+
+    def part_counts(self) -> dict[str, int]:
+        """How many part files each table has: the writer's position, for a checkpoint."""
+        return {t: len(parts) for t, parts in self._parts.items()}
 
     # ------------------------------------------------------------------ rows
 
@@ -122,13 +203,16 @@ class RunWriter:
         if not rows:
             return
         schema = pa.schema(list(self._schemas[table].items()))
+        fs = self._dir.fs
         if self._written_schema[table] is not None and not schema.equals(self._written_schema[table]):
             for part in self._parts[table]:
-                _atomic_write_table(_conform(pq.read_table(part), schema), part)
+                self._write_table(_conform(pq.read_table(part, filesystem=fs), schema), part)
         data = pa.Table.from_pylist([_coerce_row(row, schema) for row in rows], schema=schema)
-        part = self.run_dir / table / f"part-{len(self._parts[table]):05d}.parquet"
-        part.parent.mkdir(exist_ok=True)
-        _atomic_write_table(data, part)
+        table_dir = posixpath.join(self._dir.path, table)
+        if not self._parts[table] and not self._dir.is_object_store:
+            fs.create_dir(table_dir, recursive=True)
+        part = posixpath.join(table_dir, f"part-{len(self._parts[table]):05d}.parquet")
+        self._write_table(data, part)
         self._parts[table].append(part)
         self._written_schema[table] = schema
         self._buffers[table] = []
@@ -138,7 +222,33 @@ class RunWriter:
     def update_manifest(self, **fields: Any) -> None:
         """Merge `fields` into manifest.json (atomically), e.g. progress such as `last_round`."""
         self.manifest.update(fields)
-        _atomic_write_json(self.manifest_path, self.manifest)
+        path = posixpath.join(self._dir.path, "manifest.json")
+        if self._dir.is_local:
+            _atomic_write_json(Path(path), self.manifest)
+        else:
+            put_bytes(self._dir.fs, path, _manifest_bytes(self.manifest))
+
+    # ------------------------------------------------------------------ files
+
+    def _write_table(self, table: pa.Table, path: str) -> None:
+        """Write one whole part file so that no reader ever sees it half written."""
+        if self._dir.is_local:
+            _atomic_write_table(table, Path(path))
+            return
+        buffer = pa.BufferOutputStream()  # serialise fully before any byte leaves the process
+        pq.write_table(table, buffer)
+        put_bytes(self._dir.fs, path, buffer.getvalue().to_pybytes())
+
+    def _claim_manifest(self) -> None:
+        """Write the first manifest, failing if another writer claimed this run meanwhile."""
+        path = posixpath.join(self._dir.path, "manifest.json")
+        if self._dir.is_local:
+            _write_json_exclusive(Path(path), self.manifest, self.run_id, self.run_dir)
+            return
+        # No create-if-absent in pyarrow's filesystems: check again just before the one PUT.
+        if self._dir.child("manifest.json").exists():
+            raise RunExistsError(self.run_id, self.run_dir)
+        put_bytes(self._dir.fs, path, _manifest_bytes(self.manifest))
 
     def close(self, status: str = "completed", error: str | None = None, summary: Mapping[str, Any] | None = None) -> None:
         """Flush the remaining rows and record the final status. Closing twice does nothing.
@@ -194,6 +304,18 @@ class RunWriter:
     def _check_table(self, table: str) -> None:
         if table not in self.TABLES:
             raise ValueError(f"unknown table {table!r}; tables are {list(self.TABLES)}")
+
+
+def _part_files(fs: Any, table_dir: str) -> list[Any]:
+    """The complete part files of one table directory (never the dot-named temporaries)."""
+    import pyarrow.fs as pafs
+
+    selector = pafs.FileSelector(table_dir, allow_not_found=True)
+    return [
+        f
+        for f in fs.get_file_info(selector)
+        if f.type == pafs.FileType.File and f.base_name.startswith("part-") and f.base_name.endswith(".parquet")
+    ]
 
 
 # ---------------------------------------------------------------------- column types
@@ -300,7 +422,7 @@ def _atomic_write_json(path: Path, manifest: Mapping[str, Any]) -> None:
     _fsync_dir(path.parent)
 
 
-def _write_json_exclusive(path: Path, manifest: Mapping[str, Any]) -> None:
+def _write_json_exclusive(path: Path, manifest: Mapping[str, Any], run_id: str, run_dir: RunDir) -> None:
     """Write the first manifest without ever replacing one a concurrent writer just made:
     a hard link fails if the name exists (rename would silently overwrite)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -309,7 +431,7 @@ def _write_json_exclusive(path: Path, manifest: Mapping[str, Any]) -> None:
     try:
         os.link(tmp, path)
     except FileExistsError:
-        raise FileExistsError(f"run directory {path.parent} already holds a run; choose another run_id") from None
+        raise RunExistsError(run_id, run_dir) from None
     except OSError:  # a filesystem without hard links: fall back to a plain rename
         os.replace(tmp, path)
     finally:
