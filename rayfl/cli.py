@@ -15,6 +15,8 @@ examples:
   rayfl run jobs/digits_fedavg.yaml --set algorithm.lr=0.1 --set run.seed=3
   rayfl run jobs/x.yaml --address auto        on a running Ray cluster (or set RAY_ADDRESS)
   ray job submit --working-dir . -- rayfl run jobs/x.yaml
+  rayfl sweep jobs/x.yaml --grid algorithm.lr=0.01,0.1 --seeds 0,1,2
+                                              a grid x seeds, one run per Ray Tune trial, resumable
   rayfl resume results/default/<run_id>       continue a stopped or killed run from its checkpoint
   rayfl validate jobs/x.yaml                  check a job and print the resolved config
   rayfl partition jobs/x.yaml --plot part.png the client x class matrix of a job's partition
@@ -60,6 +62,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     res.add_argument("run_dir", help="the run's directory or URI: <output.dir>/<experiment>/<run_id>")
     res.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    sw = sub.add_parser(
+        "sweep", help="run a job over a grid of settings and seeds (Ray Tune trials, resumable)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run one rayfl run per grid point and seed as a Ray Tune trial, side by side "
+                    "(each trial reserves its own client hosts), into <output.dir>/<sweep name>/"
+                    "<run_id>/. The job's `sweep:` block (grid, seeds, name, ...) is read too; the "
+                    "flags override it. Rerunning the same sweep (same name) resumes it: completed "
+                    "runs are not run again, interrupted ones continue from their checkpoints.",
+    )
+    job_args(sw)
+    sw.add_argument("--grid", action="append", default=[], metavar="SECTION.KEY=V1,V2",
+                    help="values to sweep for one key (YAML values), e.g. --grid algorithm.lr=0.01,0.1; repeatable")
+    sw.add_argument("--seeds", metavar="S1,S2", help="seeds, each grid point runs once per seed (default: run.seed)")
+    sw.add_argument("--name", help="the sweep's name = its experiment directory (default: <run.experiment>_sweep)")
+    sw.add_argument("--max-concurrent", type=int, help="at most this many trials at once (default: as many as fit)")
+    sw.add_argument("--max-failures", type=int, help="retries per failed trial (default 0; -1 forever)")
+    sw.add_argument("--scheduler", choices=["fifo", "asha"], help="trial scheduler (default fifo; asha stops poor trials early)")
+    sw.add_argument("--metric", help="metric ASHA compares (default test_accuracy)")
+    sw.add_argument("--mode", choices=["max", "min"], help="whether the metric is maximised (default max)")
+    sw.add_argument("--address", help="Ray address ('auto' for a running cluster); default: RAY_ADDRESS or local")
 
     val = sub.add_parser("validate", help="check a job and print its resolved config")
     job_args(val)
@@ -130,12 +153,18 @@ def one_line(e: BaseException) -> str:
 
 
 def _load(args: argparse.Namespace):
-    from rayfl.config import load_config
+    """The job's config. A job with a `sweep:` block runs (validates, partitions) as its base
+    job, with a note that `rayfl sweep` runs the grid."""
+    from rayfl.sweep import load_base_config
 
     overrides = list(args.overrides)
     if getattr(args, "address", None):
         overrides.append(f"engine.address={args.address}")
-    return load_config(args.job, overrides)
+    cfg, has_sweep = load_base_config(args.job, overrides)
+    if has_sweep:
+        print(f"rayfl: {args.job} declares a sweep; this runs its base job only "
+              f"(use `rayfl sweep {args.job}` for the grid)", file=sys.stderr)
+    return cfg
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -164,6 +193,30 @@ def cmd_resume(args: argparse.Namespace) -> int:
     final = {k: v for k, v in outcome.summary.items() if isinstance(v, (int, float))}
     print(f"results: {outcome.run_dir}")
     print(json.dumps(final, indent=None, default=float))
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from rayfl.sweep import run_sweep
+
+    outcome = run_sweep(
+        args.job, args.overrides, args.grid, args.seeds, address=args.address,
+        name=args.name, max_concurrent=args.max_concurrent, max_failures=args.max_failures,
+        scheduler=args.scheduler, metric=args.metric, mode=args.mode,
+    )
+    for run_id, status in outcome.statuses.items():
+        print(f"{status or 'not started'}\t{run_id}")
+    print(f"results: {outcome.sweep_dir}")
+    for error in outcome.errors:
+        print(f"rayfl: trial failed: {error}", file=sys.stderr)
+    unfinished = [r for r, s in outcome.statuses.items() if s != "completed"]
+    if outcome.errors:
+        print(f"rayfl: {len(outcome.errors)} trial(s) failed; run the same command again to resume "
+              "the sweep (completed runs are kept)", file=sys.stderr)
+        return 1
+    if unfinished:
+        print(f"rayfl: {len(unfinished)} run(s) not completed (stopped early by the scheduler, or "
+              "interrupted)", file=sys.stderr)
     return 0
 
 
@@ -217,6 +270,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 COMMANDS = {
     "run": cmd_run,
     "resume": cmd_resume,
+    "sweep": cmd_sweep,
     "validate": cmd_validate,
     "partition": cmd_partition,
     "report": cmd_report,

@@ -388,10 +388,23 @@ class OutputConfig:
     `dir` is a local path or a pyarrow filesystem URI (`s3://bucket/prefix`, `gs://...`); on a
     cluster use an absolute shared path or a URI, since a relative one lands on the driver's
     working directory. A run id that already holds a run is an error unless `overwrite` is set,
-    which removes the old run first (results are never replaced by accident)."""
+    which removes the old run first (results are never replaced by accident).
+
+    Rows are buffered and written as one part file per table at each flush: when `flush_rows`
+    rows are buffered (all tables together: the limit bounds the driver's memory, and flushing
+    the tables together keeps them consistent with each other on disk), when the oldest buffered
+    row is `flush_seconds` old (what a killed run can lose), at every checkpoint and when the run
+    ends. A run that completes has each table's parts merged into one file (`compact`), so it
+    reads back fast; a killed, failed or interrupted one keeps its parts for `rayfl resume`."""
 
     dir: str = "results"
-    flush_every_rounds: int = 1
+    flush_rows: int = 50_000
+    flush_seconds: float = 10.0
+    # Also flush after every this many server rounds (null: only by rows and time). Runs
+    # recorded by older rayfl versions carry 1 here, which still works.
+    flush_every_rounds: int | None = None
+    # Merge each table's part files into one (a new one per 1,000,000 rows) when a run completes.
+    compact: bool = True
     log_clients: bool = True
     overwrite: bool = False
     # Save a checkpoint (server state, client states, clock, tasks in flight) every this many
@@ -400,8 +413,15 @@ class OutputConfig:
     checkpoint_every: int = 10
 
     def validate(self) -> None:
-        _positive("output.flush_every_rounds", self.flush_every_rounds)
+        _positive("output.flush_rows", self.flush_rows)
+        _positive_float("output.flush_seconds", self.flush_seconds)
+        if self.flush_every_rounds is not None:
+            _positive("output.flush_every_rounds", self.flush_every_rounds)
         _non_negative("output.checkpoint_every", self.checkpoint_every)
+
+    def writer_options(self) -> dict[str, Any]:
+        """The `RunWriter` / `RunWriter.reopen` keyword arguments these settings give."""
+        return {"flush_rows": self.flush_rows, "flush_seconds": self.flush_seconds, "compact": self.compact}
 
 
 @dataclass
@@ -463,28 +483,32 @@ def algorithm_config_class(name: str) -> type[AlgorithmConfig]:
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Read a YAML job (or the defaults when `path` is None), apply `section.key=value`
     overrides, and validate. Raises ConfigError before anything expensive happens."""
-    raw: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            problem = f"{p} is not a file" if p.exists() else f"file {p} does not exist"
-            raise ConfigError("job", problem)
-        try:
-            loaded = yaml.safe_load(p.read_text())
-        except OSError as e:
-            raise ConfigError("job", f"cannot read {p}: {e.strerror or e}") from e
-        except UnicodeDecodeError as e:
-            raise ConfigError("job", f"{p} is not a text (UTF-8) YAML file") from e
-        except yaml.YAMLError as e:
-            raise ConfigError("job", f"{p} is not valid YAML: {_yaml_problem(e)}") from e
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, Mapping):
-            raise ConfigError("job", f"{p} must be a mapping of sections {sorted(SECTIONS)}")
-        raw = {k: dict(v) if isinstance(v, Mapping) else v for k, v in loaded.items()}
+    raw = read_job_file(path) if path is not None else {}
     for item in overrides or []:
         apply_override(raw, item)
     return config_from_dict(raw)
+
+
+def read_job_file(path: str | Path) -> dict[str, Any]:
+    """A job file's top-level mapping (sections to mappings), with one-line errors naming the
+    file. Nothing is validated yet: `rayfl sweep` takes its `sweep:` block out first."""
+    p = Path(path)
+    if not p.is_file():
+        problem = f"{p} is not a file" if p.exists() else f"file {p} does not exist"
+        raise ConfigError("job", problem)
+    try:
+        loaded = yaml.safe_load(p.read_text())
+    except OSError as e:
+        raise ConfigError("job", f"cannot read {p}: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError("job", f"{p} is not a text (UTF-8) YAML file") from e
+    except yaml.YAMLError as e:
+        raise ConfigError("job", f"{p} is not valid YAML: {_yaml_problem(e)}") from e
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, Mapping):
+        raise ConfigError("job", f"{p} must be a mapping of sections {sorted(SECTIONS)}")
+    return {k: dict(v) if isinstance(v, Mapping) else v for k, v in loaded.items()}
 
 
 def apply_override(raw: dict[str, Any], item: str) -> None:

@@ -5,7 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from rayfl.results import load
-from rayfl.results.plots import plot_client_timeline, plot_curves, summary_table
+from rayfl.results.plots import (
+    is_asynchronous,
+    metric_frame,
+    plot_client_timeline,
+    plot_curves,
+    plot_task_window,
+    summary_table,
+)
+from rayfl.results.seeds import seed_table
 from rayfl.results.storage import Location
 from rayfl.results.zo_hfl import write_zo_hfl_report
 
@@ -22,15 +30,22 @@ def write_report(path: str | Path, out: Path | None = None, metric: str = "test_
     lines = [summary_table(results, metric).to_string(index=False), ""]
     has_metric = metric in results.evals.columns or metric in results.rounds.columns
     if has_metric:
+        over_seeds = seed_table(results, metric_frame(results, metric), metric)
+        if (over_seeds["seeds"] > 1).any():
+            lines += ["over seeds (mean ± std):", over_seeds.to_string(index=False, float_format="%.4f"), ""]
+    if has_metric:
         for x in ("round", "sim_time"):
             lines.append(f"figure: {plot_curves(results, y=metric, x=x, path=out / f'{metric}_vs_{x}.png')}")
     if "train_loss" in results.rounds.columns:
         lines.append(f"figure: {plot_curves(results, y='train_loss', x='round', path=out / 'train_loss_vs_round.png')}")
     runs = results.clients[["experiment", "run_id"]].drop_duplicates().head(MAX_TIMELINES)
     for experiment, run_id in runs.itertuples(index=False):
+        png = out / f"timeline_{experiment}_{run_id}.png"
+        if is_asynchronous(results, str(run_id), str(experiment)):  # a window of tasks in flight
+            lines.append(f"figure: {plot_task_window(results, str(run_id), path=png, experiment=str(experiment))}")
+            continue
         mine = results.clients[(results.clients["experiment"] == experiment) & (results.clients["run_id"] == run_id)]
         rounds = sorted(mine["round"].unique().tolist())[:3]
-        png = out / f"timeline_{experiment}_{run_id}.png"
         lines.append(f"figure: {plot_client_timeline(results, str(run_id), rounds, path=png, experiment=str(experiment))}")
     lines += write_zo_hfl_report(results, out)  # Table I grid and Fig. 2 when there are such runs
     return lines

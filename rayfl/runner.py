@@ -116,7 +116,9 @@ def run_experiment(
             "ray": {"address": ray.get_runtime_context().gcs_address, "resources": ray.cluster_resources()},
         }
         check_cluster(cfg.engine, dataset.num_clients)  # before a run directory exists
-        writer = RunWriter(cfg.output.dir, cfg.run.experiment, run_id, manifest, overwrite=cfg.output.overwrite)
+        writer = RunWriter(
+            cfg.output.dir, cfg.run.experiment, run_id, manifest, overwrite=cfg.output.overwrite, **cfg.output.writer_options()
+        )
         return _execute(cfg, dataset, writer, None, progress, on_start)
     finally:
         if started_ray:
@@ -144,7 +146,7 @@ def resume_experiment(
     started_ray = init_ray(cfg)
     try:
         check_cluster(cfg.engine, dataset.num_clients)
-        writer = RunWriter.reopen(location.name, ckpt.parts if ckpt is not None else {})
+        writer = RunWriter.reopen(location.name, ckpt.parts if ckpt is not None else {}, **cfg.output.writer_options())
         return _execute(cfg, dataset, writer, ckpt, progress, on_start)
     finally:
         if started_ray:

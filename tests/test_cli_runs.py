@@ -86,10 +86,13 @@ def test_cli_run_default_job(tmp_path):
 
 @pytest.mark.slow
 def test_killed_run_leaves_readable_parquet(tmp_path):
-    """SIGKILL the driver and its Ray mid-run: every Parquet file already on disk reads back."""
+    """SIGKILL the driver and its Ray mid-run: every Parquet file already on disk reads back, and
+    holds every row logged up to the last flush. Flushes here come from the flush policy alone
+    (no checkpoints): by age, every 0.2 s."""
     cmd = [
         str(BIN / "rayfl"), "run", str(REPO / "jobs" / "digits_fedavg.yaml"), "--quiet",
         "--set", "run.rounds=100000", "--set", "run.eval_every=1", "--set", f"output.dir={tmp_path}",
+        "--set", "output.checkpoint_every=0", "--set", "output.flush_seconds=0.2",
     ]
     proc = subprocess.Popen(cmd, env=env_with_venv(), cwd=tmp_path, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -110,10 +113,17 @@ def test_killed_run_leaves_readable_parquet(tmp_path):
     assert len(files) >= 5
     for f in files:
         pq.read_table(f)  # raises on a torn file
+    assert not [f for f in files if f.name.startswith("part-c")]  # a killed run is never compacted
     res = load(tmp_path)
-    assert res.manifests["status"].iloc[0] == "running"  # it never got to close
+    manifest = res.manifests.iloc[0]
+    assert manifest["status"] == "running"  # it never got to close
     rounds = res.rounds.sort_values("round")["round"].tolist()
     assert rounds == list(range(len(rounds)))  # no gaps, nothing doubled
+    # the tables were flushed together: each round on disk has all its client and eval rows
+    clients = res.clients.groupby("round").size()
+    assert (clients.reindex(rounds) == 10).all()
+    assert set(res.evals["round"]) >= set(rounds)
+    assert manifest["last_round"] <= rounds[-1]  # progress never claims rows that are not on disk
 
 
 @pytest.mark.slow

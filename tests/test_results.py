@@ -20,7 +20,7 @@ from rayfl.results.plots import (
     run_labels,
     summary_table,
 )
-from rayfl.results.writer import RunExistsError
+from rayfl.results.writer import RunExistsError, compact_run
 
 
 def config(algorithm: str, lr: float = 0.1) -> dict:
@@ -51,7 +51,7 @@ def parquet_files(run_dir) -> list:
 
 
 def test_round_trip_across_flushes_with_changing_columns(tmp_path):
-    w = RunWriter(tmp_path, "exp", "r1", {"seed": 3})
+    w = RunWriter(tmp_path, "exp", "r1", {"seed": 3}, compact=False)  # keep the parts to look at
     w.append("rounds", {"round": 0, "loss": 2, "phase": None})
     w.flush()
     w.append("rounds", {"round": 1, "loss": 1.5, "accuracy": 0.25, "phase": "train"})
@@ -77,6 +77,12 @@ def test_round_trip_across_flushes_with_changing_columns(tmp_path):
     direct = pd.read_parquet(w.run_dir / "rounds")
     assert {"accuracy", "done", "phase", "run_id"} <= set(direct.columns)
     assert sorted(direct["round"].tolist()) == [0, 1, 2, 3]
+
+    # compacted afterwards: one file, the same schema, the same frame
+    assert compact_run(w.run_dir) == {"rounds": ["part-c00000.parquet"], "clients": [], "evals": []}
+    assert [p.name for p in parquet_files(w.run_dir)] == ["part-c00000.parquet"]
+    assert pq.read_schema(w.run_dir / "rounds" / "part-c00000.parquet").equals(schemas[0])
+    pd.testing.assert_frame_equal(load(w.run_dir).rounds, df)
 
 
 def test_mixed_types_widen_to_string(tmp_path):

@@ -564,7 +564,10 @@ class Federation:
     # ------------------------------------------------------------------ logging
 
     def log_round(self, round: int, **metrics: Any) -> None:
-        """One row of `rounds`; flushes the writer every `output.flush_every_rounds` rounds."""
+        """One row of `rounds`. The writer flushes by its own policy (rows buffered, their age;
+        see rayfl.results.writer) checked here once per server step, and also every
+        `output.flush_every_rounds` rounds when that is set; `last_round` reaches the manifest
+        at the flush that writes its row."""
         row = {
             "round": round,
             "sim_time": self.clock.now,
@@ -579,9 +582,12 @@ class Federation:
         self._round_failures = 0
         if self.writer is not None:
             self.writer.append("rounds", row)
-            if (round + 1) % self.cfg.output.flush_every_rounds == 0:
+            self.writer.note_progress(last_round=round, sim_time=self.clock.now)
+            every = self.cfg.output.flush_every_rounds
+            if every and (round + 1) % every == 0:
                 self.writer.flush()
-                self.writer.update_manifest(last_round=round, sim_time=self.clock.now)
+            else:
+                self.writer.maybe_flush()
         if self.progress is not None:
             self.progress(row)
         every = self.cfg.output.checkpoint_every

@@ -3,26 +3,31 @@
 Part files are read one at a time and concatenated with pandas, so runs written by different
 rayfl versions (different columns) still load together: the result has the union of columns.
 Only complete part files are read (`*.parquet`, never the writer's dot-named temp files), so
-loading a run that is still being written, or that crashed, is safe. Paths may be local or any
-pyarrow filesystem URI (`s3://bucket/prefix`, see `rayfl.results.storage`); everything is read
-through that filesystem.
+loading a run that is still being written, or that crashed, is safe. A compacted run (see
+`rayfl.results.writer`) is read from exactly the files its manifest's `compacted` lists name;
+any other run from its `part-NNNNN` files, skipping merged files no commit names, and its
+manifest is read again afterwards so that a compaction committing meanwhile is noticed (its
+merged parts may have been deleted mid-read): no row is ever read twice or missed. Paths may be
+local or any pyarrow filesystem URI (`s3://bucket/prefix`, see `rayfl.results.storage`);
+everything is read through that filesystem.
 """
 
 from __future__ import annotations
 
 import json
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pandas as pd
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from rayfl.results.storage import Location, RunDir
-from rayfl.results.writer import RunWriter
+from rayfl.results.writer import RunWriter, compacted_files, is_merged_name
 
 KEYS = ["experiment", "run_id"]
 
@@ -54,12 +59,11 @@ def load(path: str | Path = "results") -> Results:
     manifests = []
     tables: dict[str, list[pd.DataFrame]] = {t: [] for t in RunWriter.TABLES}
     for run in _find(Location.parse(path)):
-        manifest = _read_manifest(run)
+        manifest, frames = _read_run(run)
         experiment = str(manifest.get("experiment") or posixpath.basename(posixpath.dirname(run.path)))
         run_id = str(manifest.get("run_id") or posixpath.basename(run.path))
         manifests.append(manifest_row(manifest, experiment, run_id, run.name))
-        for table in RunWriter.TABLES:
-            frame = _read_table(run.child(table))
+        for table, frame in frames.items():
             if len(frame):
                 tables[table].append(_with_keys(frame, experiment, run_id))
     return Results(
@@ -82,8 +86,14 @@ def read_manifest(run_dir: str | Path) -> dict[str, Any]:
 
 
 def read_table(table_dir: str | Path) -> pd.DataFrame:
-    """All complete part files of one table of one run, in part order (empty if none)."""
-    return _read_table(Location.parse(table_dir))
+    """One table of one run, in part order (empty if none): the files its run's compaction
+    committed, or else every complete part file."""
+    where = Location.parse(table_dir)
+    run = _parent(where)
+    if run is None or not run.child("manifest.json").is_file():
+        return _read_table(where, None)
+    _, frames = _read_run(run, [posixpath.basename(where.path)])
+    return frames[posixpath.basename(where.path)]
 
 
 def _find(root: Location) -> list[Location]:
@@ -120,19 +130,59 @@ def _read_manifest(run: Location) -> dict[str, Any]:
     return manifest
 
 
-def _read_table(table_dir: Location) -> pd.DataFrame:
-    if not table_dir.is_dir():
-        return pd.DataFrame()
-    entries = table_dir.fs.get_file_info(pafs.FileSelector(table_dir.path))
-    parts = sorted(
-        e.path
-        for e in entries
-        if e.type == pafs.FileType.File
-        and e.base_name.endswith(".parquet")
-        and not e.base_name.startswith((".", "_"))
-    )
-    frames = [pq.read_table(p, filesystem=table_dir.fs).to_pandas() for p in parts]
+def _read_run(run: Location, tables: Sequence[str] = RunWriter.TABLES) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
+    """A run's manifest and tables, read consistently even while its writer compacts it: the
+    writer commits the merged files to the manifest before it deletes a single part, so a read
+    that found no commit both before and after it saw every part (see the module docstring)."""
+    manifest = _read_manifest(run)
+    committed = compacted_files(manifest)
+    if committed is None:
+        try:
+            frames = {t: _read_table(run.child(t), None) for t in tables}
+        except FileNotFoundError:  # a part was deleted mid-read: did a compaction commit?
+            manifest = _read_manifest(run)
+            if compacted_files(manifest) is None:
+                raise
+        else:
+            again = _read_manifest(run)
+            if compacted_files(again) is None:
+                return manifest, frames
+            manifest = again
+        committed = compacted_files(manifest)
+        assert committed is not None
+    return manifest, {t: _read_table(run.child(t), committed.get(t, [])) for t in tables}
+
+
+def _read_table(table_dir: Location, names: list[str] | None) -> pd.DataFrame:
+    """The files `names` of one table directory, in that order; with None, every complete part
+    file except merged ones (`part-c*`) that no compaction committed."""
+    if names is not None:
+        paths = [table_dir.child(n).path for n in names]
+    else:
+        if not table_dir.is_dir():
+            return pd.DataFrame()
+        entries = table_dir.fs.get_file_info(pafs.FileSelector(table_dir.path))
+        paths = sorted(
+            e.path
+            for e in entries
+            if e.type == pafs.FileType.File
+            and e.base_name.endswith(".parquet")
+            and not e.base_name.startswith((".", "_"))
+            and not is_merged_name(e.base_name)
+        )
+    frames = [pq.read_table(p, filesystem=table_dir.fs).to_pandas() for p in paths]
     return _concat_frames([f for f in frames if len(f)])
+
+
+def _parent(where: Location) -> Location | None:
+    """The directory holding `where` (URI query options kept), or None at a root."""
+    if not where.path.strip("/") or "/" not in where.path.strip("/"):
+        return None
+    path = posixpath.dirname(where.path.rstrip("/"))
+    if isinstance(where.name, Path):
+        return Location(where.fs, path, where.name.parent)
+    parts = urlsplit(where.name)
+    return Location(where.fs, path, urlunsplit(parts._replace(path=posixpath.dirname(parts.path.rstrip("/")))))
 
 
 def manifest_row(manifest: Mapping[str, Any], experiment: str, run_id: str, run_dir: RunDir) -> dict[str, Any]:

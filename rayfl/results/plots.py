@@ -12,14 +12,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import pandas as pd
+from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.colors import to_rgba
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize, to_rgba
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from rayfl.config import SECTIONS
 from rayfl.results.load import Results
+from rayfl.results.seeds import aggregate_curves, seed_groups
 
 GLOBAL_CLIENT = -1  # `evals` rows of the global model carry client -1
 RUN = ["experiment", "run_id"]  # run ids are unique only within an experiment
@@ -71,22 +75,27 @@ def plot_curves(
     path: str | Path,
     title: str | None = None,
 ) -> Path:
-    """One line of `y` against `x` per run (see `metric_frame` for which rows count)."""
+    """One line of `y` against `x` per setting: runs that differ only by seed are averaged,
+    with a band of ± one standard deviation and the number of seeds in the legend (see
+    `rayfl.results.seeds`; `metric_frame` says which rows count)."""
     data = metric_frame(results, y, x)
     if data.empty:
         raise ValueError(f"no values of {y!r} to plot")
-    labels = run_labels(results, by)
+    curves = aggregate_curves(data, seed_groups(results, by), y, x)
     fig = _figure((7.0, 4.5))
     ax = fig.add_subplot()
-    for (experiment, run_id), curve in data.groupby(RUN, sort=True):
-        key = (str(experiment), str(run_id))
-        ax.plot(curve[x], curve[y], marker="o" if len(curve) < 20 else None, markersize=3,
-                label=labels.get(key, str(run_id)))
+    for setting, curve in curves.groupby("setting", sort=True):
+        n = int(curve["n"].iloc[0])
+        (line,) = ax.plot(curve[x], curve["mean"], marker="o" if len(curve) < 20 else None, markersize=3,
+                          label=f"{setting} (mean of {n} seeds)" if n > 1 else str(setting))
+        if n > 1:
+            ax.fill_between(curve[x], curve["mean"] - curve["std"], curve["mean"] + curve["std"],
+                            color=line.get_color(), alpha=0.2, linewidth=0)
     ax.set_xlabel(x.replace("_", " "))
     ax.set_ylabel(y.replace("_", " "))
-    ax.set_title(title or f"{y} by {x}")
+    ax.set_title(title or f"{y} by {x}" + (" (mean ± std over seeds)" if (curves["n"] > 1).any() else ""))
     ax.grid(True, alpha=0.3)
-    ax.legend(title=by if by in results.manifests.columns else "run", fontsize="small")
+    ax.legend(title="setting", fontsize="small")
     return _save(fig, path)
 
 
@@ -102,21 +111,11 @@ def plot_client_timeline(
     from `dispatch_time` to `finish_time`, coloured by `outcome` when the column exists, and a
     dotted line where each round's last task finished. `experiment` is needed only when the
     same run id occurs in several loaded experiments."""
-    clients = results.clients
-    needed = {"run_id", "client", "round", "dispatch_time", "finish_time"}
-    missing = needed - set(clients.columns)
-    if missing:
-        raise ValueError(f"the clients table lacks {sorted(missing)}; was output.log_clients off?")
-    tasks = clients[clients["run_id"] == run_id]
-    if experiment is not None:
-        tasks = tasks[tasks["experiment"] == experiment]
-    elif tasks["experiment"].nunique() > 1:
-        raise ValueError(f"run {run_id!r} exists in experiments {sorted(tasks['experiment'].unique())}; pass experiment=")
+    tasks = _run_tasks(results, run_id, experiment)
     if rounds is not None:
         tasks = tasks[tasks["round"].isin(list(rounds))]
-    tasks = tasks.dropna(subset=["client", "dispatch_time", "finish_time"])
     if tasks.empty:
-        raise ValueError(f"no client tasks for run {run_id!r}" + (f" in rounds {list(rounds)}" if rounds is not None else ""))
+        raise ValueError(f"no client tasks for run {run_id!r} in rounds {list(rounds or [])}")
 
     outcome = tasks["outcome"].fillna("?").astype(str) if "outcome" in tasks.columns else pd.Series("task", index=tasks.index)
     n_clients = tasks["client"].nunique()
@@ -146,6 +145,76 @@ def plot_client_timeline(
     ax.legend(title="outcome" if "outcome" in tasks.columns else None, fontsize="small",
               loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path)
+
+
+def plot_task_window(
+    results: Results,
+    run_id: str,
+    *,
+    path: str | Path,
+    experiment: str | None = None,
+    max_tasks: int = 60,
+) -> Path:
+    """An asynchronous run's tasks as a Gantt chart over a window of simulated time: one row
+    per task in dispatch order, from the first dispatch until `max_tasks` tasks have been
+    dispatched, every task in flight in that window shown. Applied tasks are coloured by their
+    staleness (colour bar), others by outcome (late, dropped, stale, ...)."""
+    tasks = _run_tasks(results, run_id, experiment)
+    order = ["dispatch_time", "task"] if "task" in tasks.columns else ["dispatch_time"]
+    tasks = tasks.sort_values(order, kind="stable").head(max_tasks).reset_index(drop=True)
+    outcome = tasks["outcome"].fillna("?").astype(str) if "outcome" in tasks.columns else pd.Series("ok", index=tasks.index)
+    staleness = tasks["staleness"].fillna(0).to_numpy(dtype=float) if "staleness" in tasks.columns else None
+    fig = _figure((9.0, min(2.0 + 0.16 * len(tasks), 14.0)))
+    ax = fig.add_subplot()
+    rows = np.arange(len(tasks), dtype=float)
+    start = tasks["dispatch_time"].to_numpy(dtype=float)
+    width = (tasks["finish_time"] - tasks["dispatch_time"]).to_numpy(dtype=float)
+    ok = (outcome == "ok").to_numpy()
+    if staleness is not None and ok.any():
+        norm = Normalize(vmin=0.0, vmax=max(float(staleness[ok].max()), 1.0))
+        colours = colormaps["viridis"](norm(staleness[ok]))
+        ax.barh(rows[ok], width[ok], left=start[ok], height=0.8, color=colours, edgecolor="none")
+        bar = fig.colorbar(ScalarMappable(norm=norm, cmap="viridis"), ax=ax, pad=0.01)
+        bar.set_label("staleness of applied updates")
+    else:
+        ax.barh(rows[ok], width[ok], left=start[ok], height=0.8, color="tab:blue", edgecolor="none", label="ok")
+    others = sorted(set(outcome[~ok]))
+    for name, colour in _palette(others).items():
+        sel = (outcome == name).to_numpy()
+        ax.barh(rows[sel], width[sel], left=start[sel], height=0.8, color=colour, edgecolor="none", label=name)
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel("task (in dispatch order)")
+    ax.set_title(f"client tasks of {run_id}: the first {len(tasks)} dispatched, every one in flight")
+    ax.invert_yaxis()
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    if others or staleness is None:
+        ax.legend(title="outcome", fontsize="small", loc="lower right")
+    return _save(fig, path)
+
+
+def is_asynchronous(results: Results, run_id: str, experiment: str | None = None) -> bool:
+    """Whether a run's tasks were dispatched one at a time (async: every task its own round
+    key) rather than in synchronous rounds."""
+    tasks = _run_tasks(results, run_id, experiment)
+    return bool(tasks.groupby("round").size().median() <= 1)
+
+
+def _run_tasks(results: Results, run_id: str, experiment: str | None) -> pd.DataFrame:
+    clients = results.clients
+    needed = {"run_id", "client", "round", "dispatch_time", "finish_time"}
+    missing = needed - set(clients.columns)
+    if missing:
+        raise ValueError(f"the clients table lacks {sorted(missing)}; was output.log_clients off?")
+    tasks = clients[clients["run_id"] == run_id]
+    if experiment is not None:
+        tasks = tasks[tasks["experiment"] == experiment]
+    elif tasks["experiment"].nunique() > 1:
+        raise ValueError(f"run {run_id!r} exists in experiments {sorted(tasks['experiment'].unique())}; pass experiment=")
+    tasks = tasks.dropna(subset=["client", "dispatch_time", "finish_time"])
+    if tasks.empty:
+        raise ValueError(f"no client tasks for run {run_id!r}")
+    return tasks
 
 
 def summary_table(
@@ -204,7 +273,8 @@ def _save(fig: Figure, path: str | Path) -> Path:
 
 
 def _palette(names: Sequence[str]) -> dict[str, tuple[float, ...]]:
-    fixed = {"ok": "tab:blue", "late": "tab:orange", "dropped": "tab:red", "failed": "tab:gray"}
+    fixed = {"ok": "tab:blue", "late": "tab:orange", "dropped": "tab:red", "failed": "tab:gray", "stale": "tab:gray",
+             "offline": "tab:brown", "nonfinite": "black"}
     spare = iter(["tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan"] * 4)
     return {n: to_rgba(fixed.get(n) or next(spare)) for n in names}
 

@@ -157,7 +157,8 @@ def write_zo_hfl_report(results: Results, out: Path) -> list[str]:
 
 def plot_fig2(results: Results, path: Path) -> Path | None:
     """Fig. 2: ZO-HFL's global loss against the round, a panel per (dataset, alpha, beta)
-    and a line per tau (seeds averaged). None when no ZO-HFL run logged a global loss."""
+    and a line per tau (the mean over seeds, with a ± one std band when there are several).
+    None when no ZO-HFL run logged a global loss."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -177,8 +178,11 @@ def plot_fig2(results: Results, path: Path) -> Path | None:
         ax = fig.add_subplot(1, len(panels), k + 1)
         sel = data[(data["dataset"] == dataset) & (data["source"] == source) & (data["alpha"] == alpha) & (data["beta"] == beta)]
         for tau, curve in sel.groupby("tau"):
-            mean = curve.groupby("round")["global_loss"].mean()
-            ax.plot(mean.index, mean.to_numpy(), label=f"tau = {tau:g}")
+            by_round = curve.groupby("round")["global_loss"]
+            mean, std, seeds = by_round.mean(), by_round.std(ddof=1).fillna(0.0), curve["run_id"].nunique()
+            (line,) = ax.plot(mean.index, mean.to_numpy(), label=f"tau = {tau:g}" + (f" ({seeds} seeds)" if seeds > 1 else ""))
+            if seeds > 1:  # a band of one standard deviation over the seeds
+                ax.fill_between(mean.index, (mean - std).to_numpy(), (mean + std).to_numpy(), color=line.get_color(), alpha=0.2, linewidth=0)
         ax.set_title(_column_label(dataset, source, alpha, beta), fontsize="medium")
         ax.set_xlabel("communication round")
         ax.set_ylabel("global loss f1 + penalty" if k == 0 else "")

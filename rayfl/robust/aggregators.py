@@ -1,0 +1,444 @@
+"""Server-side robust aggregation of client vectors, for BR-FFGG (FFGG paper, Alg. 5) and any
+other algorithm that replaces the mean by ARAgg.
+
+Every rule takes a stack of n client vectors, shape [n, d], and returns one [d] vector in float64.
+They are pure and deterministic; the only randomness (bucketing's shuffle) comes from a
+`numpy.random.Generator` the caller derives from (run seed, purpose, round), see `rayfl.rng`.
+
+FFGG App. D (after Def. 2) notes that Krum, the geometric median and the coordinate-wise median
+alone are *not* (delta, c)-robust aggregators; composing them with bucketing (Karimireddy et al.
+2022) is what makes them so, hence `RobustConfig.bucket_size`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from rayfl.config import ConfigError
+
+# A rule after its parameters are bound: (stack [n, d], normalized weights or None) -> [d].
+Rule = Callable[[np.ndarray, np.ndarray | None], np.ndarray]
+
+# Where a RobustConfig sits in a job file, for error messages.
+AGGREGATOR_KEY = "algorithm.aggregator"
+
+AggregatorName = Literal[
+    "mean",
+    "median",
+    "trimmed_mean",
+    "krum",
+    "multi_krum",
+    "geometric_median",
+    "centered_clipping",
+]
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def as_stack(updates: ArrayLike) -> np.ndarray:
+    """Client vectors as a finite float64 [n, d] array (n >= 1).
+
+    Non-finite rows are refused rather than aggregated: one NaN makes a median or a Krum score
+    NaN, and the engine already drops non-finite client answers before they reach the server."""
+    x = np.asarray(updates, dtype=np.float64)
+    if x.ndim != 2 or x.shape[0] == 0:
+        raise ValueError(f"need a non-empty [n, d] stack of client vectors, got shape {x.shape}")
+    bad = np.flatnonzero(~np.isfinite(x).all(axis=1))
+    if bad.size:
+        raise ValueError(f"client vectors {bad.tolist()} contain NaN or infinity")
+    return x
+
+
+def checked_weights(weights: ArrayLike | None, n: int) -> np.ndarray | None:
+    """n finite weights > 0 as float64, or None for uniform (a zero weight is a client the
+    caller should have left out)."""
+    if weights is None:
+        return None
+    w = np.asarray(weights, dtype=np.float64)
+    if w.shape != (n,):
+        raise ValueError(f"need {n} weights, got shape {w.shape}")
+    if not (np.isfinite(w).all() and (w > 0).all()):
+        raise ValueError("weights must be finite and > 0")
+    return w
+
+
+def normalized_weights(weights: ArrayLike | None, n: int) -> np.ndarray | None:
+    """`checked_weights` scaled to sum to 1, or None for uniform."""
+    w = checked_weights(weights, n)
+    return None if w is None else w / w.sum()
+
+
+# ---------------------------------------------------------------- rules
+
+
+def mean(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """The plain (or weighted) mean: FFGG Alg. 1 line 8, the non-robust control."""
+    x = as_stack(x)
+    w = normalized_weights(weights, len(x))
+    return x.mean(axis=0) if w is None else w @ x
+
+
+def coordinate_median(x: np.ndarray) -> np.ndarray:
+    """Coordinate-wise median (Yin et al. 2018; the CM of FFGG App. D and of the authors'
+    Byzantine notebook). Even n: the average of the two middle values."""
+    return np.median(as_stack(x), axis=0)
+
+
+def trim_count(n: int, trim: int | None = None, fraction: float | None = None) -> int:
+    """b, the number of values trimmed from *each* side: `trim`, or floor(fraction * n)."""
+    if (trim is None) == (fraction is None):
+        raise ValueError("give exactly one of trim and fraction")
+    b = int(trim) if trim is not None else math.floor(float(fraction) * n)
+    if b < 0 or 2 * b >= n:
+        raise ValueError(f"trimming {b} from each side of {n} values leaves none (need 2b < n)")
+    return b
+
+
+def trimmed_mean(x: np.ndarray, trim: int) -> np.ndarray:
+    """Coordinate-wise trimmed mean (Yin et al. 2018): per coordinate, drop the b smallest and
+    the b largest of the n values and average the n - 2b left."""
+    x = as_stack(x)
+    b = trim_count(len(x), trim=trim)
+    ordered = np.sort(x, axis=0)
+    return ordered[b : len(x) - b].mean(axis=0)
+
+
+def pairwise_sq_distances(x: np.ndarray) -> np.ndarray:
+    """[n, n] squared Euclidean distances, one row at a time (memory n*d, not n*n*d), by direct
+    differences rather than the Gram trick, which cancels badly when vectors are close."""
+    x = as_stack(x)
+    out = np.empty((len(x), len(x)))
+    for i in range(len(x)):
+        diff = x - x[i]
+        out[i] = np.einsum("ij,ij->i", diff, diff)
+    return out
+
+
+def krum_scores(x: np.ndarray, f: int) -> np.ndarray:
+    """Krum scores (Blanchard et al. 2017, Sec. 4): for each i, the sum of squared distances to
+    its n - f - 2 nearest other vectors. Needs n > 2f + 2, so at least one neighbour counts."""
+    x = as_stack(x)
+    n = len(x)
+    if f < 0 or n <= 2 * f + 2:
+        raise ValueError(f"Krum with f={f} needs n > 2f + 2 = {2 * f + 2} inputs, got n={n}")
+    d2 = pairwise_sq_distances(x)
+    np.fill_diagonal(d2, np.inf)  # i is not its own neighbour
+    return np.sort(d2, axis=1)[:, : n - f - 2].sum(axis=1)
+
+
+def krum_select(x: np.ndarray, f: int, m: int = 1) -> np.ndarray:
+    """Indices of the m best-scored vectors, best first; ties go to the lower index."""
+    scores = krum_scores(x, f)
+    if not 1 <= m <= len(scores):
+        raise ValueError(f"multi-Krum needs 1 <= m <= n = {len(scores)}, got m={m}")
+    return np.argsort(scores, kind="stable")[:m]
+
+
+def krum(x: np.ndarray, f: int) -> np.ndarray:
+    """Krum (Blanchard et al. 2017): the one input with the lowest score, returned as is."""
+    x = as_stack(x)
+    return x[krum_select(x, f, 1)[0]].copy()
+
+
+def multi_krum(x: np.ndarray, f: int, m: int | None = None) -> np.ndarray:
+    """Multi-Krum (Blanchard et al. 2017): the mean of the m best-scored inputs, scores computed
+    once (not re-scored after each pick). m = None takes m = n - f."""
+    x = as_stack(x)
+    chosen = krum_select(x, f, len(x) - f if m is None else m)
+    return x[chosen].mean(axis=0)
+
+
+def geometric_median(
+    x: np.ndarray,
+    weights: np.ndarray | None = None,
+    *,
+    tol: float = 1e-8,
+    max_iter: int = 100,
+    smoothing: float = 1e-6,
+) -> np.ndarray:
+    """argmin_v sum_i w_i ||v - x_i|| by the smoothed Weiszfeld iteration of RFA (Pillutla et
+    al. 2022): v <- sum_i beta_i x_i / sum_i beta_i, with beta_i = w_i / max(nu, ||v - x_i||).
+
+    Starts at the weighted mean; stops when the objective improves by at most `tol` relative to
+    its value (RFA's criterion) or after `max_iter` steps. nu = `smoothing` keeps a step finite
+    when v lands on an input."""
+    x = as_stack(x)
+    w = normalized_weights(weights, len(x))
+    w = np.full(len(x), 1.0 / len(x)) if w is None else w
+    v = w @ x
+    objective = w @ np.linalg.norm(x - v, axis=1)
+    for _ in range(max_iter):
+        beta = w / np.maximum(np.linalg.norm(x - v, axis=1), smoothing)
+        v = (beta @ x) / beta.sum()
+        previous, objective = objective, w @ np.linalg.norm(x - v, axis=1)
+        if abs(previous - objective) <= tol * objective:
+            break
+    return v
+
+
+def clip(z: np.ndarray, tau: float) -> np.ndarray:
+    """Each row of z scaled to norm at most tau: z * min(1, tau / ||z||)."""
+    norms = np.linalg.norm(z, axis=1)
+    scale = np.ones_like(norms)
+    over = norms > tau
+    scale[over] = tau / norms[over]
+    return z * scale[:, None]
+
+
+def centered_clipping(
+    x: np.ndarray,
+    reference: np.ndarray | None = None,
+    *,
+    tau: float,
+    iters: int = 1,
+    weights: np.ndarray | None = None,
+) -> np.ndarray:
+    """Centered clipping (Karimireddy et al. 2021, Sec. 4, rule CC): L times v <- v + (1/n) sum_i
+    clip_tau(x_i - v), from v = `reference` (the previous aggregate, as the paper's momentum;
+    zero when none is given, as the paper's first step). Each step moves v by at most tau.
+    tau = inf is the mean after one step."""
+    x = as_stack(x)
+    w = normalized_weights(weights, len(x))
+    if not tau > 0:
+        raise ValueError(f"clipping radius tau must be > 0, got {tau}")
+    v = np.zeros(x.shape[1]) if reference is None else np.array(reference, dtype=np.float64)
+    if v.shape != (x.shape[1],):
+        raise ValueError(f"reference must have shape ({x.shape[1]},), got {v.shape}")
+    for _ in range(iters):
+        step = clip(x - v, tau)
+        v = v + (step.mean(axis=0) if w is None else w @ step)
+    return v
+
+
+# ---------------------------------------------------------------- bucketing
+
+
+def canonical_order(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """An order of the rows that depends only on their contents (a bytewise sort of each row and
+    its weight), so that bucketing's shuffle does not depend on the order the caller listed the
+    clients in (arrival order, host count). Equal rows are interchangeable, so ties are harmless."""
+    keys = x if weights is None else np.column_stack([x, weights])
+    keys = np.ascontiguousarray(keys, dtype=np.float64)
+    rows = keys.view(np.dtype((np.void, keys.dtype.itemsize * keys.shape[1]))).ravel()
+    return np.argsort(rows, kind="stable")
+
+
+def bucket_means(
+    x: np.ndarray, s: int, rng: np.random.Generator, weights: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Bucketing's first half (Karimireddy et al. 2022, Alg. 1): a random permutation, then the
+    mean of each run of s consecutive vectors: ceil(n / s) bucket means.
+
+    The last bucket may hold fewer than s vectors; it is averaged over its own size (the paper's
+    1/s there would shrink it towards zero). With weights, bucket means are weighted and each
+    bucket carries its members' total weight."""
+    x = as_stack(x)
+    n = len(x)
+    weights = checked_weights(weights, n)
+    if s < 1:
+        raise ValueError(f"bucket size must be >= 1, got {s}")
+    order = canonical_order(x, weights)[rng.permutation(n)]
+    means = np.empty((math.ceil(n / s), x.shape[1]))
+    totals = None if weights is None else np.empty(len(means))
+    for k, start in enumerate(range(0, n, s)):
+        members = order[start : start + s]
+        if weights is None:
+            means[k] = x[members].mean(axis=0)
+        else:
+            totals[k] = weights[members].sum()
+            means[k] = weights[members] @ x[members] / totals[k]
+    return means, totals
+
+
+def bucketing(
+    x: np.ndarray,
+    s: int,
+    rng: np.random.Generator,
+    inner: Rule,
+    weights: np.ndarray | None = None,
+) -> np.ndarray:
+    """Bucketing (Karimireddy et al. 2022, Alg. 1): `inner` applied to the bucket means. It
+    shrinks the spread of the honest inputs by s, which turns Krum / RFA / CM into (delta,
+    c)-robust aggregators under heterogeneity, at the cost of up to f contaminated buckets."""
+    means, totals = bucket_means(x, s, rng, weights)
+    return inner(means, normalized_weights(totals, len(means)) if totals is not None else None)
+
+
+# ---------------------------------------------------------------- config and entry point
+
+
+@dataclass
+class RobustConfig:
+    """Which aggregator the server uses, and its parameters (only the chosen rule's are read).
+
+    name: mean | median | trimmed_mean | krum | multi_krum | geometric_median | centered_clipping.
+    trim / trim_fraction: trimmed mean's b per side, or b = floor(trim_fraction * n) (one of them).
+    byzantine: f, the Byzantine inputs Krum tolerates (n > 2f + 2 needed; with bucketing n is the
+    number of buckets, and f stays f since each attacker spoils at most one bucket).
+    select: multi-Krum's m (null: n - f).
+    tol, max_iter, smoothing: the geometric median's Weiszfeld stop rule and nu.
+    tau, clip_iters: centered clipping's radius (null: no clipping) and L.
+    bucket_size: s; 1 is no bucketing (the FFGG authors' Byzantine run used s = 2 with median).
+    """
+
+    name: AggregatorName = "mean"
+    trim: int | None = None
+    trim_fraction: float | None = None
+    byzantine: int = 0
+    select: int | None = None
+    tol: float = 1e-8
+    max_iter: int = 100
+    smoothing: float = 1e-6
+    tau: float | None = 1.0
+    clip_iters: int = 1
+    bucket_size: int = 1
+
+    def validate_as(self, key: str = AGGREGATOR_KEY) -> None:
+        """Checks that do not depend on the number of inputs; errors name `key`.<field>."""
+        if self.name not in _RULES:
+            raise ConfigError(f"{key}.name", f"unknown {self.name!r}; allowed: {AGGREGATORS}")
+        _at_least(f"{key}.bucket_size", self.bucket_size, 1)
+        if self.name == "trimmed_mean":
+            if (self.trim is None) == (self.trim_fraction is None):
+                raise ConfigError(f"{key}.trim", "set exactly one of trim and trim_fraction")
+            if self.trim is not None:
+                _at_least(f"{key}.trim", self.trim, 0)
+            else:
+                _fraction(f"{key}.trim_fraction", self.trim_fraction, 0.5)
+        if self.name in ("krum", "multi_krum"):
+            _at_least(f"{key}.byzantine", self.byzantine, 0)
+            if self.select is not None:
+                _at_least(f"{key}.select", self.select, 1)
+        if self.name == "geometric_median":
+            _positive_number(f"{key}.tol", self.tol)
+            _at_least(f"{key}.max_iter", self.max_iter, 1)
+            _positive_number(f"{key}.smoothing", self.smoothing)
+        if self.name == "centered_clipping":
+            if self.tau is not None:
+                _positive_number(f"{key}.tau", self.tau)
+            _at_least(f"{key}.clip_iters", self.clip_iters, 1)
+
+    def check_inputs(self, n: int, key: str = AGGREGATOR_KEY) -> None:
+        """Checks against n, the number of vectors the rule will see (buckets when bucketing)."""
+        if self.name == "trimmed_mean":
+            by_count = self.trim is not None
+            b = self.trim if by_count else math.floor(self.trim_fraction * n)
+            if 2 * b >= n:
+                raise ConfigError(
+                    f"{key}.{'trim' if by_count else 'trim_fraction'}",
+                    f"trimming {b} from each side of {n} inputs leaves none (need 2b < n)",
+                )
+        if self.name in ("krum", "multi_krum"):
+            f = self.byzantine
+            if n <= 2 * f + 2:
+                raise ConfigError(
+                    f"{key}.byzantine", f"Krum with f={f} needs more than 2f + 2 inputs, got {n}"
+                )
+            if self.name == "multi_krum" and self.select is not None and self.select > n:
+                raise ConfigError(f"{key}.select", f"cannot average {self.select} of {n} inputs")
+
+
+def aggregate(
+    updates: ArrayLike,
+    cfg: RobustConfig,
+    rng: np.random.Generator | None,
+    reference: ArrayLike | None = None,
+    weights: ArrayLike | None = None,
+) -> np.ndarray:
+    """ARAgg(x_1, ..., x_n) as configured: the server step of FFGG Alg. 5 line 9.
+
+    `rng` drives bucketing's shuffle (may be None without bucketing); `reference` is centered
+    clipping's starting point (the previous aggregate); `weights` (e.g. data sizes) are honoured
+    by mean, geometric_median and centered_clipping only, since a weighted median or Krum score
+    has no agreed definition and a Byzantine client could inflate its own weight anyway."""
+    cfg.validate_as()
+    x = as_stack(updates)
+    # Raw weights go to bucketing, which normalizes after its canonical reordering, so that
+    # not even the rounding of the weights' sum depends on the input order.
+    w = checked_weights(weights, len(x))
+    if w is not None and cfg.name not in WEIGHTED:
+        raise ValueError(f"aggregator {cfg.name!r} takes no weights; weighted: {sorted(WEIGHTED)}")
+    ref = None if reference is None else np.asarray(reference, dtype=np.float64)
+
+    def rule(stack: np.ndarray, wts: np.ndarray | None) -> np.ndarray:
+        return _RULES[cfg.name](stack, cfg, ref, wts)
+
+    if cfg.bucket_size == 1:
+        cfg.check_inputs(len(x))
+        return rule(x, None if w is None else w / w.sum())
+    if rng is None:
+        raise ValueError("bucketing needs a numpy Generator (derive it from the seed and round)")
+    cfg.check_inputs(math.ceil(len(x) / cfg.bucket_size))
+    return bucketing(x, cfg.bucket_size, rng, rule, w)
+
+
+# Each rule with its config bound: (stack, cfg, reference, normalized weights) -> [d].
+_Opt = np.ndarray | None
+_Bound = Callable[[np.ndarray, RobustConfig, _Opt, _Opt], np.ndarray]
+
+
+def _mean(x: np.ndarray, cfg: RobustConfig, ref: _Opt, w: _Opt) -> np.ndarray:
+    return mean(x, w)
+
+
+def _median(x: np.ndarray, cfg: RobustConfig, ref: _Opt, w: _Opt) -> np.ndarray:
+    return coordinate_median(x)
+
+
+def _trimmed(x: np.ndarray, cfg: RobustConfig, ref: _Opt, w: _Opt) -> np.ndarray:
+    return trimmed_mean(x, trim_count(len(x), cfg.trim, cfg.trim_fraction))
+
+
+def _krum(x: np.ndarray, cfg: RobustConfig, ref: _Opt, w: _Opt) -> np.ndarray:
+    return krum(x, cfg.byzantine)
+
+
+def _multi_krum(x: np.ndarray, cfg: RobustConfig, ref: _Opt, w: _Opt) -> np.ndarray:
+    return multi_krum(x, cfg.byzantine, cfg.select)
+
+
+def _gm(x: np.ndarray, cfg: RobustConfig, ref: _Opt, w: _Opt) -> np.ndarray:
+    return geometric_median(x, w, tol=cfg.tol, max_iter=cfg.max_iter, smoothing=cfg.smoothing)
+
+
+def _cc(x: np.ndarray, cfg: RobustConfig, ref: _Opt, w: _Opt) -> np.ndarray:
+    tau = math.inf if cfg.tau is None else cfg.tau
+    return centered_clipping(x, ref, tau=tau, iters=cfg.clip_iters, weights=w)
+
+
+_RULES: dict[str, _Bound] = {
+    "mean": _mean,
+    "median": _median,
+    "trimmed_mean": _trimmed,
+    "krum": _krum,
+    "multi_krum": _multi_krum,
+    "geometric_median": _gm,
+    "centered_clipping": _cc,
+}
+
+AGGREGATORS: tuple[str, ...] = tuple(_RULES)
+WEIGHTED = frozenset({"mean", "geometric_median", "centered_clipping"})
+
+
+def _at_least(key: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(key, f"must be an integer >= {low}, got {value!r}")
+
+
+def _positive_number(key: str, value: object) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+    if not ok:
+        raise ConfigError(key, f"must be a finite number > 0, got {value!r}")
+
+
+def _fraction(key: str, value: object, below: float) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < below
+    if not ok:
+        raise ConfigError(key, f"must be a number in [0, {below}), got {value!r}")

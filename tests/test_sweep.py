@@ -1,0 +1,160 @@
+"""`rayfl sweep`: a grid x seeds of real rayfl runs as Ray Tune trials on the session's Ray."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rayfl.cli import main
+from rayfl.config import ConfigError
+from rayfl.sweep import build_spec, run_id_for, run_sweep
+
+REPO = Path(__file__).resolve().parents[1]
+DIGITS = REPO / "jobs" / "digits_fedavg.yaml"
+# A tiny trial: 6 clients, 3 rounds, one half-CPU host, so four trials fit on 2 CPUs at once.
+TINY = [
+    "run.rounds=3", "run.eval_every=1", "partition.num_clients=6", "algorithm.clients_per_round=3",
+    "engine.num_hosts=1", "engine.num_cpus_per_host=0.5", "output.checkpoint_every=1",
+]
+
+
+def manifest(run_dir: Path) -> dict:
+    return json.loads((run_dir / "manifest.json").read_text())
+
+
+def run_files(run_dir: Path) -> dict[str, int]:
+    """Every file of a run with its modification time in ns (a re-run would change them)."""
+    return {str(p.relative_to(run_dir)): p.stat().st_mtime_ns for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+# ---------------------------------------------------------------------------- without Ray
+
+
+def test_run_ids_are_deterministic_and_safe() -> None:
+    assert run_id_for({"algorithm.lr": 0.1, "partition.alpha": 1.0}, 0) == "lr=0.1,alpha=1,s0"
+    assert run_id_for({"algorithm.lr": 0.1, "model.lr": 0.2}, 3) == "algorithm.lr=0.1,model.lr=0.2,s3"
+    assert "/" not in run_id_for({"data.data_dir": "/a/b"}, 1)
+
+
+def test_sweep_block_and_flags_merge() -> None:
+    spec = build_spec({"grid": {"algorithm.lr": [0.01, 0.1]}, "seeds": [0, 1], "name": "x"},
+                      ["partition.alpha=0.1,1"], seeds="2", max_concurrent=2)
+    assert spec.grid == {"algorithm.lr": [0.01, 0.1], "partition.alpha": [0.1, 1]}
+    assert spec.seeds == [2] and spec.name == "x" and spec.max_concurrent == 2
+    with pytest.raises(ConfigError, match=r"^sweep\.bogus: unknown key"):
+        build_spec({"bogus": 1})
+    with pytest.raises(ConfigError, match=r"^sweep\.seeds"):
+        build_spec(None, seeds="0,-1")
+    with pytest.raises(ConfigError, match=r"^sweep\.grid\.run\.seed"):
+        build_spec(None, ["run.seed=1,2"])
+
+
+def test_bad_grid_value_fails_in_one_line_before_any_trial(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "results"
+    code = main(["sweep", str(DIGITS), "--grid", "algorithm.lr=0.1,-1", "--set", f"output.dir={out}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err.startswith("rayfl: error: algorithm.lr:") and "\n" not in err and "lr=-1" in err
+    assert not out.exists()  # nothing started, not even Ray or a sweep directory
+
+
+def test_run_on_a_sweep_job_runs_its_base_job(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    job = tmp_path / "sweep.yaml"
+    job.write_text(yaml.safe_dump({**yaml.safe_load(DIGITS.read_text()),
+                                   "sweep": {"grid": {"algorithm.lr": [0.01, 0.1]}, "seeds": [0, 1]}}))
+    assert main(["validate", str(job)]) == 0
+    captured = capsys.readouterr()
+    assert "use `rayfl sweep" in captured.err
+    assert yaml.safe_load(captured.out)["algorithm"]["lr"] == 0.1  # the base job's value
+
+
+def test_sweep_digits_job_validates() -> None:
+    base, block = __import__("rayfl.sweep", fromlist=["read_job"]).read_job(REPO / "jobs" / "sweep_digits.yaml")
+    spec = build_spec(block)
+    assert set(spec.grid) >= {"algorithm.name", "algorithm.lr"} and len(spec.seeds or []) == 3
+
+
+# ---------------------------------------------------------------------------- on Ray Tune
+
+
+def test_grid_times_seeds_runs_side_by_side_in_placement_groups(ray_local, tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    outcome = run_sweep(
+        DIGITS, [*TINY, f"output.dir={out}"], ["algorithm.lr=0.05,0.1", "partition.alpha=0.5,1"],
+        seeds="0,1", name="grid", verbose=0,
+    )
+    assert outcome.errors == [] and not outcome.restored
+    sweep_dir = out / "grid"
+    assert len(outcome.trials) == 8
+    assert all(s == "completed" for s in outcome.statuses.values()), outcome.statuses
+    spans, groups = [], set()
+    for t in outcome.trials:
+        m = manifest(sweep_dir / t.run_id)
+        cfg = m["config"]
+        assert (cfg["algorithm"]["lr"], cfg["partition"]["alpha"], m["seed"]) == (
+            t.settings["algorithm.lr"], t.settings["partition.alpha"], t.seed)
+        assert t.run_id == run_id_for(t.settings, t.seed) and m["run_id"] == t.run_id
+        assert m["experiment"] == "grid" and m["sweep"]["settings"] == t.settings
+        # The trial's host was captured by the trial's own placement group.
+        pg = m["sweep"]["placement_group"]
+        assert pg and m["sweep"]["host_placement_groups"] == [pg]
+        groups.add(pg)
+        spans.append((datetime.fromisoformat(m["started_at"]), datetime.fromisoformat(m["finished_at"])))
+    assert len(groups) == 8  # one group per trial
+    overlapping = sum(1 for i, a in enumerate(spans) for b in spans[i + 1:] if a[0] < b[1] and b[0] < a[1])
+    assert overlapping >= 1, spans  # trials ran side by side
+
+    import rayfl.results
+
+    r = rayfl.results.load(sweep_dir)  # every trial, Tune's _tune directory skipped
+    assert sorted(r.manifests.run_id) == sorted(t.run_id for t in outcome.trials)
+    assert r.rounds.groupby("run_id").size().eq(3).all()
+
+
+def test_interrupted_sweep_resumes_without_rerunning_finished_trials(ray_local, tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    args = dict(overrides=[*TINY, f"output.dir={out}"], grid=["algorithm.lr=0.05,0.1"], seeds="0",
+                name="resume", verbose=0)
+    sweep_dir = out / "resume"
+    sweep_dir.mkdir(parents=True)
+    blocker = sweep_dir / "lr=0.1,s0"
+    blocker.write_text("a file where the run directory goes: the trial's first attempt fails")
+
+    first = run_sweep(DIGITS, **args)
+    assert len(first.errors) == 1 and "lr=0.1,s0" in first.errors[0]
+    assert first.statuses == {"lr=0.05,s0": "completed", "lr=0.1,s0": None}
+    done = sweep_dir / "lr=0.05,s0"
+    before = run_files(done)
+
+    blocker.unlink()
+    second = run_sweep(DIGITS, **args)
+    assert second.restored and second.errors == []
+    assert second.statuses == {"lr=0.05,s0": "completed", "lr=0.1,s0": "completed"}
+    assert run_files(done) == before  # the finished trial was not run again
+    assert manifest(sweep_dir / "lr=0.1,s0")["config"]["algorithm"]["lr"] == 0.1
+
+    # The same name with another grid is refused instead of resuming the wrong sweep.
+    with pytest.raises(ConfigError, match=r"^sweep\.name: .*already exists"):
+        run_sweep(DIGITS, **{**args, "grid": ["algorithm.lr=0.2"]})
+
+
+@pytest.mark.slow
+def test_asha_stops_poor_trials_and_their_runs_end_cleanly(ray_local, tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    outcome = run_sweep(
+        DIGITS, [*TINY, "run.rounds=5", f"output.dir={out}"], ["algorithm.lr=0.3,0.001,0.0001"],
+        seeds="0", name="asha", scheduler="asha", max_concurrent=1, verbose=0,
+    )
+    assert outcome.errors == []
+    statuses = outcome.statuses
+    assert statuses["lr=0.3,s0"] == "completed"  # the first trial sets the bar at every rung
+    stopped = [r for r, s in statuses.items() if s != "completed"]
+    assert stopped, statuses
+    for run_id in stopped:
+        m = manifest(out / "asha" / run_id)
+        assert m["status"] == "interrupted" and m["sweep_stopped"]
+        assert m["last_round"] < 4 and (out / "asha" / run_id / "checkpoint.pkl").is_file()
