@@ -11,12 +11,10 @@ an object store), so a crash while checkpointing leaves the previous checkpoint 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from rayfl.results.storage import Location, put_bytes
+from rayfl.results.storage import Location, write_atomically
 
 CHECKPOINT_FILE = "checkpoint.pkl"
 
@@ -39,12 +37,7 @@ def save_checkpoint(run_dir: Location, ckpt: Checkpoint) -> None:
     """Write `ckpt` as `<run_dir>/checkpoint.pkl`, replacing the previous one atomically."""
     from ray import cloudpickle  # pickles client functions defined anywhere, by reference or value
 
-    data = cloudpickle.dumps(ckpt)
-    target = run_dir.child(CHECKPOINT_FILE)
-    if run_dir.is_local:
-        atomic_write_local(Path(target.path), data)
-    else:
-        put_bytes(run_dir.fs, target.path, data)
+    write_atomically(run_dir.child(CHECKPOINT_FILE), cloudpickle.dumps(ckpt))
 
 
 def load_checkpoint(run_dir: Location) -> Checkpoint | None:
@@ -58,22 +51,3 @@ def load_checkpoint(run_dir: Location) -> Checkpoint | None:
     if not isinstance(ckpt, Checkpoint):
         raise ValueError(f"{target} is not a rayfl checkpoint")
     return ckpt
-
-
-def atomic_write_local(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    try:
-        fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

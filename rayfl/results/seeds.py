@@ -32,13 +32,18 @@ def setting_columns(manifests: pd.DataFrame) -> list[str]:
 
 def seed_groups(results: Results, by: str = "algorithm.name") -> pd.DataFrame:
     """experiment, run_id, seed, setting (a readable label, unique per setting): one row per
-    run. The label is `by`'s value plus the config keys that differ between settings."""
+    run. The label is `by`'s value plus the config keys that differ between settings of the
+    same `by` value."""
     m = results.manifests
     if m.empty:
         return pd.DataFrame(columns=[*RUN, "seed", "setting"])
     cols = setting_columns(m)
     key = m[["experiment", *cols]].map(str).agg("|".join, axis=1)
-    varying = [c for c in cols if m[c].map(str).groupby(key).first().nunique() > 1 and c != by]
+    settings = m[cols].map(str).groupby(key).first()
+    family = settings[by] if by in settings.columns else pd.Series("", index=settings.index)
+    # keys that tell settings of the same `by` apart (an algorithm's own hyper-parameters
+    # differ from another's only by existing: the algorithm's name already says that)
+    varying = [c for c in cols if c != by and (settings[c].groupby(family).nunique() > 1).any()]
     labels = {}
     for k, rows in m.groupby(key, sort=False):
         first = rows.iloc[0]

@@ -16,6 +16,7 @@ rename, so they get a temporary dot-name and a move. Local disk is handled by th
 
 from __future__ import annotations
 
+import os
 import posixpath
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,3 +109,38 @@ def put_bytes(fs: pafs.FileSystem, path: str, data: bytes) -> None:
     with fs.open_output_stream(tmp) as f:
         f.write(data)
     fs.move(tmp, path)
+
+
+def write_atomically(where: Location, data: bytes) -> None:
+    """Make the file at `where` hold exactly `data` on any filesystem: `put_bytes` remotely,
+    `write_local_atomically` on local disk."""
+    if where.is_local:
+        write_local_atomically(Path(where.path), data)
+    else:
+        put_bytes(where.fs, where.path, data)
+
+
+def write_local_atomically(path: Path, data: bytes) -> None:
+    """A temporary dot-name, fsynced, renamed into place, the directory fsynced: a crash leaves
+    the old file or the new one, never a torn one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename durable; best effort (not every platform can open a directory)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -95,7 +95,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from rayfl.results.storage import Location, RunDir, put_bytes
+from rayfl.results.storage import Location, RunDir, fsync_dir, put_bytes, write_local_atomically
 
 Scalar = int | float | bool | str | None
 
@@ -669,7 +669,7 @@ def _atomic_write_table(table: pa.Table, path: Path) -> None:
     pq.write_table(table, tmp)
     _fsync_file(tmp)
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _manifest_bytes(manifest: Mapping[str, Any]) -> bytes:
@@ -689,11 +689,7 @@ def _finite(obj: Any) -> Any:
 
 
 def _atomic_write_json(path: Path, manifest: Mapping[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(_manifest_bytes(manifest))
-    _fsync_file(tmp)
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    write_local_atomically(path, _manifest_bytes(manifest))
 
 
 def _write_json_exclusive(path: Path, manifest: Mapping[str, Any], run_id: str, run_dir: RunDir) -> None:
@@ -710,26 +706,12 @@ def _write_json_exclusive(path: Path, manifest: Mapping[str, Any], run_id: str, 
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _fsync_file(path: Path) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a rename durable; best effort (not every platform can open a directory)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _json_default(obj: Any) -> Any:
