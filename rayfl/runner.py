@@ -133,11 +133,7 @@ def resume_experiment(
     """Continue a stopped, killed or failed run from its last checkpoint, in its own directory:
     rows written after the checkpoint are dropped and produced again, so the finished tables
     equal an uninterrupted run's. Without a checkpoint the run starts over from round 0."""
-    location = Location.parse(run_dir)
-    manifest_at = location.child("manifest.json")
-    if not manifest_at.is_file():
-        raise ConfigError("run_dir", f"{location} holds no run (no manifest.json)")
-    manifest = json.loads(manifest_at.read_bytes())
+    location, manifest = run_manifest(run_dir)
     if manifest.get("status") == "completed":
         raise ConfigError("run_dir", f"{location} is already completed; nothing to resume")
     cfg = config_from_dict(manifest["config"])
@@ -157,10 +153,22 @@ def resume_experiment(
 
 def resume_target(run_dir: str | Path) -> int:
     """How many rounds the run in `run_dir` has in all (for a progress bar)."""
-    location = Location.parse(run_dir)
+    location, manifest = run_manifest(run_dir)
     try:
-        return int(json.loads(location.child("manifest.json").read_bytes())["config"]["run"]["rounds"])
-    except (OSError, KeyError, ValueError) as e:
+        return int(manifest["config"]["run"]["rounds"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError("run_dir", f"{location}'s manifest names no run.rounds ({e})") from e
+
+
+def run_manifest(run_dir: str | Path) -> tuple[Location, dict[str, Any]]:
+    """A run directory and its manifest, or a ConfigError naming the directory."""
+    location = Location.parse(run_dir)
+    manifest_at = location.child("manifest.json")
+    if not manifest_at.is_file():
+        raise ConfigError("run_dir", f"{location} holds no run (no manifest.json)")
+    try:
+        return location, json.loads(manifest_at.read_bytes())
+    except (OSError, ValueError) as e:
         raise ConfigError("run_dir", f"{location} holds no readable run manifest ({e})") from e
 
 

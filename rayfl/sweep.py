@@ -302,10 +302,10 @@ def run_trial(config: dict[str, Any]) -> None:
         raw = config["trial"]
         cfg = config_from_dict(raw)
         run_dir = Location.parse(cfg.output.dir).child(cfg.run.experiment, cfg.run.run_id or "")
-        manifest = run_dir.child("manifest.json")
-        status = json.loads(manifest.read_bytes()).get("status") if manifest.is_file() else None
+        manifest = _manifest(run_dir)
+        status = manifest.get("status") if manifest is not None else None
         if status == "completed":
-            summary = json.loads(manifest.read_bytes()).get("summary") or {}
+            summary = manifest.get("summary") or {}
             tune.report({**_finite_metrics(summary), "run_status": "completed", "reused": True})
             return
         last: dict[str, Any] = {}
@@ -530,11 +530,15 @@ def _last_line(error: BaseException) -> str:
     return " ".join(f"{type(cause).__name__}: {cause}".split())[:300]
 
 
-def _status(run_dir: Location) -> str | None:
+def _manifest(run_dir: Location) -> dict[str, Any] | None:
+    """A trial's run manifest, None before its run started."""
     manifest = run_dir.child("manifest.json")
-    if not manifest.is_file():
-        return None
-    return json.loads(manifest.read_bytes()).get("status")
+    return json.loads(manifest.read_bytes()) if manifest.is_file() else None
+
+
+def _status(run_dir: Location) -> str | None:
+    manifest = _manifest(run_dir)
+    return manifest.get("status") if manifest is not None else None
 
 
 def _record_spec(sweep_dir: Location, trials: Sequence[Trial]) -> None:

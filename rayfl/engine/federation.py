@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -216,6 +216,13 @@ class Federation:
     def host_of(self, client: int) -> int:
         return int(self._host_of[client])
 
+    def by_host(self, client_ids: Iterable[int]) -> dict[int, list[int]]:
+        """The clients grouped by the host that holds them, in the order given."""
+        groups: dict[int, list[int]] = {}
+        for c in client_ids:
+            groups.setdefault(self.host_of(c), []).append(int(c))
+        return groups
+
     def online_clients(self) -> np.ndarray:
         """Clients online now (an error if nobody is: the availability model is then broken)."""
         avail = self.system.availability
@@ -324,9 +331,7 @@ class Federation:
             for c in ids:
                 down = base + (payload_nbytes(per_client.get(c)) if per_client else 0)
                 budgets[c] = self.system.compute_budget(c, sys_cfg.deadline, down, down)
-        by_host: dict[int, list[int]] = {}
-        for c in ids:
-            by_host.setdefault(self.host_of(c), []).append(c)
+        by_host = self.by_host(ids)
         payload_ref = ray.put(payload)  # shipped once; hosts read it zero-copy
         tasks = self.new_task_ids(ids)
         for c in ids:
@@ -383,7 +388,7 @@ class Federation:
             if r.ok and r.state_changed and given is not None:
                 self._journal.append(given)
         bad = next((r for r in results if r.outcome == NONFINITE), None)
-        if bad is not None and getattr(self.cfg.algorithm, "nonfinite", "drop") == "fail":
+        if bad is not None and self.cfg.algorithm.nonfinite == "fail":
             keys = ", ".join(nonfinite_keys(bad.values, bad.local_steps))
             raise NonFiniteUpdateError(
                 f"client {bad.client} returned non-finite values ({keys}) in round {bad.round}; "
@@ -497,9 +502,7 @@ class Federation:
     def client_state(self, client_ids: list[int], key: str) -> dict[int, Any]:
         """One committed state entry of some clients (e.g. personal models), read on their hosts."""
 
-        by_host: dict[int, list[int]] = {}
-        for c in client_ids:
-            by_host.setdefault(self.host_of(c), []).append(int(c))
+        by_host = self.by_host(client_ids)
         parts, _ = self.on_hosts(lambda h: self.hosts[h].get_state.remote(by_host[h], key, self.take_decisions(h)), list(by_host))
         out: dict[int, Any] = {}
         for part in parts:
@@ -630,10 +633,9 @@ class Federation:
         """Put a checkpoint's client states back on the hosts and the clock where it was."""
         import ray
 
-        by_host: dict[int, dict[int, dict[str, Any]]] = {}
-        for cid, state in ckpt.client_states.items():
-            by_host.setdefault(self.host_of(cid), {})[cid] = state
-        ray.get([self.hosts[h].import_states.remote(states) for h, states in by_host.items()])
+        states = ckpt.client_states
+        groups = self.by_host(states)
+        ray.get([self.hosts[h].import_states.remote({c: states[c] for c in cs}) for h, cs in groups.items()])
         self.clock = SimClock(ckpt.clock)
         self.model_version = ckpt.model_version
         self._next_task = ckpt.next_task
