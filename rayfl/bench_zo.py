@@ -58,7 +58,7 @@ def run_zo_bench(rounds: int, out: Path, source: str = "test_only", data_dir: st
         seconds: dict[str, float] = {}
         fastest: dict[str, float] = {}
         for name, extra in VARIANTS.items():
-            job = repo / "jobs" / f"zohfl_table1_{extra[0].split('=')[1]}.yaml"
+            job = repo / "jobs" / "zo_hfl" / f"table1_{extra[0].split('=')[1]}.yaml"
             overrides = [
                 f"data.source={source}", *([f"data.data_dir={data_dir}"] if data_dir else []),
                 "algorithm.participation=1.0", "partition.alpha=1", *extra[1:], *schedule,

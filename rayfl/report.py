@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rayfl.papers import paper_reports
 from rayfl.results import load
 from rayfl.results.plots import (
     is_asynchronous,
@@ -15,7 +16,6 @@ from rayfl.results.plots import (
 )
 from rayfl.results.seeds import seed_table
 from rayfl.results.storage import Location
-from rayfl.results.zo_hfl import write_zo_hfl_report
 
 MAX_TIMELINES = 8
 
@@ -47,7 +47,8 @@ def write_report(path: str | Path, out: Path | None = None, metric: str = "test_
         mine = results.clients[(results.clients["experiment"] == experiment) & (results.clients["run_id"] == run_id)]
         rounds = sorted(mine["round"].unique().tolist())[:3]
         lines.append(f"figure: {plot_client_timeline(results, str(run_id), rounds, path=png, experiment=str(experiment))}")
-    lines += write_zo_hfl_report(results, out)  # Table I grid and Fig. 2 when there are such runs
+    for paper_report in paper_reports():  # each paper's tables and figures, when it has runs here
+        lines += paper_report(results, out)
     return lines
 
 

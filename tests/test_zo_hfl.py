@@ -11,10 +11,10 @@ import torch
 from rayfl.algorithms.zo_hfl import aggregation_weights, zo_hfl_client
 from rayfl.config import Config, ConfigError, ModelConfig, load_config
 from rayfl.engine.host import ClientHostImpl
+from rayfl.papers.zo_hfl.toy import implicit_value, lower_level, run_toy
 from rayfl.results import load
 from rayfl.runner import run_experiment
 from rayfl.zo import ConstraintConfig, direction_seed, sphere_from_seed
-from rayfl.zo.toy import implicit_value, lower_level, run_toy
 
 D = 8 * 8 * 4  # inputs 8x8, 4 classes, no bias
 

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from rayfl.config import load_config
-from rayfl.reference import paper_table
+from rayfl.papers import paper_table
+from rayfl.papers.zo_hfl.report import table1_grid
 from rayfl.report import write_report
 from rayfl.results import RunWriter, load
-from rayfl.results.zo_hfl import table1_grid
 
-JOB = str(Path(__file__).resolve().parents[1] / "jobs" / "zohfl_table1_{}.yaml")
+JOB = str(Path(__file__).resolve().parents[1] / "jobs" / "zo_hfl" / "table1_{}.yaml")
 
 
 def fake_run(root: Path, run_id: str, method: str, accuracy: float, *overrides: str, status: str = "completed",
@@ -33,7 +33,7 @@ def fake_run(root: Path, run_id: str, method: str, accuracy: float, *overrides: 
 
 
 def test_paper_reference_table_is_complete():
-    paper = paper_table("zo_hfl_table1")
+    paper = paper_table("zo_hfl", "table1")
     assert len(paper) == 36 and set(paper["method"]) == {"fedavg", "fedprox", "scaffold", "zo_hfl"}
     cell = paper[(paper.method == "zo_hfl") & (paper.dataset == "mnist") & (paper.alpha == 0.1) & (paper.beta == 0.1)]
     assert cell["accuracy"].item() == 87.70

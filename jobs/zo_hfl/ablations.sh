@@ -6,7 +6,7 @@
 #   fedavg 2H               the baseline with ZO-HFL's compute (two solves of H each)
 #   zo_hfl independent      independent minibatches for the +- solves (no common random numbers)
 #
-#   SETTINGS="0.1:0.1" jobs/zohfl_ablations.sh --set data.source=test_only
+#   SETTINGS="0.1:0.1" jobs/zo_hfl/ablations.sh --set data.source=test_only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATASET=${DATASET:-mnist}
@@ -16,7 +16,7 @@ for setting in $SETTINGS; do
   for ablation in $ABLATIONS; do
     method=${ablation%%:*}
     echo "== $DATASET alpha=${setting%%:*} beta=${setting##*:} $method ${ablation#*:}" >&2
-    rayfl run "jobs/zohfl_table1_${method}.yaml" --quiet --set run.experiment=zohfl_ablations \
+    rayfl run "jobs/zo_hfl/table1_${method}.yaml" --quiet --set run.experiment=zohfl_ablations \
       --set "data.dataset=$DATASET" --set "partition.alpha=${setting%%:*}" \
       --set "algorithm.participation=${setting##*:}" --set "${ablation#*:}" "$@"
   done

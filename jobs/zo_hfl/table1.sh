@@ -3,9 +3,9 @@
 # dataset, tau = 20, R = 500, one `rayfl run` at a time, all under experiment `zohfl_table1`.
 # `rayfl report <output.dir>/zohfl_table1` prints the grid next to the paper's numbers.
 #
-#   jobs/zohfl_table1.sh                                   # MNIST, Fashion-MNIST, CIFAR-10 (full data)
-#   DATASETS=mnist jobs/zohfl_table1.sh --set data.source=test_only   # the offline MNIST subset
-#   SETTINGS="0.1:0.1" METHODS="zo_hfl fedavg" jobs/zohfl_table1.sh --set run.rounds=100
+#   jobs/zo_hfl/table1.sh                                   # MNIST, Fashion-MNIST, CIFAR-10 (full data)
+#   DATASETS=mnist jobs/zo_hfl/table1.sh --set data.source=test_only   # the offline MNIST subset
+#   SETTINGS="0.1:0.1" METHODS="zo_hfl fedavg" jobs/zo_hfl/table1.sh --set run.rounds=100
 #
 # Every extra argument goes to each `rayfl run` (e.g. --set output.dir=/tmp/results).
 set -euo pipefail
@@ -19,7 +19,7 @@ for dataset in $DATASETS; do
     for method in $METHODS; do
       for seed in $SEEDS; do
         echo "== $dataset alpha=${setting%%:*} beta=${setting##*:} $method seed=$seed" >&2
-        rayfl run "jobs/zohfl_table1_${method}.yaml" --quiet \
+        rayfl run "jobs/zo_hfl/table1_${method}.yaml" --quiet \
           --set "data.dataset=$dataset" --set "partition.alpha=${setting%%:*}" \
           --set "algorithm.participation=${setting##*:}" --set "run.seed=$seed" "$@"
       done

@@ -8,7 +8,7 @@ some x_i = 0 and a flat, nonconvex plateau on the orthant (arXiv 2504.01839, app
 one client). `run_toy` solves the lower level with the same projected-SGD solver (Alg. 2, the
 orthant as constraint) and steps with the same two-point estimator as `rayfl.algorithms.zo_hfl`.
 
-    python -m rayfl.zo.toy --plot fig3.png      # Fig. 3 (n = 2) and a ZO-HFL run on the toy
+    python -m rayfl.papers.zo_hfl.toy --plot fig3.png      # Fig. 3 (n = 2) and a ZO-HFL run on the toy
 """
 
 from __future__ import annotations

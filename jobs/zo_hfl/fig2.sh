@@ -3,8 +3,8 @@
 # round for tau in {5, 20, 50}, per (alpha, beta) setting, on Fashion-MNIST and CIFAR-10, all
 # under experiment `zohfl_fig2`; `rayfl report <output.dir>/zohfl_fig2` draws it.
 #
-#   jobs/zohfl_fig2.sh                                          # R = 500 (the paper's R is unstated)
-#   DATASETS=mnist jobs/zohfl_fig2.sh --set data.source=test_only --set run.rounds=100   # offline
+#   jobs/zo_hfl/fig2.sh                                          # R = 500 (the paper's R is unstated)
+#   DATASETS=mnist jobs/zo_hfl/fig2.sh --set data.source=test_only --set run.rounds=100   # offline
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATASETS=${DATASETS:-"fashion_mnist cifar10"}
@@ -14,7 +14,7 @@ for dataset in $DATASETS; do
   for setting in $SETTINGS; do
     for tau in $TAUS; do
       echo "== $dataset alpha=${setting%%:*} beta=${setting##*:} tau=$tau" >&2
-      rayfl run jobs/zohfl_table1_zo_hfl.yaml --quiet --set run.experiment=zohfl_fig2 --set run.eval_every=5 \
+      rayfl run jobs/zo_hfl/table1_zo_hfl.yaml --quiet --set run.experiment=zohfl_fig2 --set run.eval_every=5 \
         --set "data.dataset=$dataset" --set "partition.alpha=${setting%%:*}" \
         --set "algorithm.participation=${setting##*:}" --set "algorithm.local_schedule.tau=$tau" "$@"
     done

@@ -1,7 +1,7 @@
 """ZO-HFL's Table I and Fig. 2 (arXiv 2504.01839, Sec. IV) from Parquet results.
 
 Table I: the final test accuracy of the global model for each method x (dataset, alpha, beta)
-cell, measured next to the paper's (`rayfl/reference/zo_hfl_table1.csv`), mean +- std over
+cell, measured next to the paper's (`rayfl/papers/zo_hfl/table1.csv`), mean +- std over
 seeds; ablation variants (server data for the baselines, lam = 0, 2H steps, independent
 randomness) get rows of their own. Fig. 2: ZO-HFL's global loss f1 + penalty against the
 round, one panel per (dataset, alpha, beta), one line per tau. Runs are recognised from their
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rayfl.reference import paper_table
+from rayfl.papers import paper_table
 from rayfl.results.load import Results
 
 METHODS = {"fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFFOLD", "zo_hfl": "ZO-HFL"}
@@ -110,7 +110,7 @@ def table1_grid(results: Results) -> tuple[pd.DataFrame, pd.DataFrame]:
     runs = runs[[(a, b) in {s for s in SETTINGS} for a, b in zip(runs["alpha"], runs["beta"], strict=True)]]
     if runs.empty:
         return pd.DataFrame(), runs
-    paper = paper_table("zo_hfl_table1")
+    paper = paper_table("zo_hfl", "table1")
     ref = {(r.method, r.dataset, float(r.alpha), float(r.beta)): float(r.accuracy) for r in paper.itertuples()}
     many_r = runs["rounds"].nunique() > 1  # runs of different lengths never share a cell
     columns = []
@@ -144,7 +144,7 @@ def write_zo_hfl_report(results: Results, out: Path) -> list[str]:
         out.mkdir(parents=True, exist_ok=True)
         note = (f"ZO-HFL Table I: final test accuracy (%) of the global model, measured (paper); "
                 f"R = {_values(runs['rounds'])}, tau = {_values(runs['tau'])}, seeds = {_values(runs['seed'])}; "
-                "paper: arXiv 2504.01839 Table I (rayfl/reference/zo_hfl_table1.csv)")
+                "paper: arXiv 2504.01839 Table I (rayfl/papers/zo_hfl/table1.csv)")
         runs.to_csv(out / "zohfl_table1_runs.csv", index=False)
         grid.to_csv(out / "zohfl_table1.csv")
         (out / "zohfl_table1.md").write_text(f"{note}\n\n{_markdown(grid)}\n")
