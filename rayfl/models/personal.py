@@ -1,0 +1,50 @@
+"""Partial personalization: which entries of the flat parameter vector are personal (w, kept in
+the client's host state and never uploaded) and which are global (theta, shared).
+
+The split is a boolean mask over the flat vector of `rayfl.models.params`, so algorithms keep
+working on flat vectors: theta = flat[~mask], w = flat[mask]. Schemes follow FFGG's
+experiments (arXiv 2305.18285, Table 1): `input` (the first parameterised layer), `output` (the
+last one), or `patterns` (parameter names matching any glob, e.g. "*adapter*")."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+
+import numpy as np
+from torch import nn
+
+SCHEMES = ("none", "input", "output", "patterns")
+
+
+def personal_mask(model: nn.Module, scheme: str, patterns: Sequence[str] = ()) -> np.ndarray:
+    """True where the flat parameter is personal (w), False where it is global (theta)."""
+    named = list(model.named_parameters())
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown personalization scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
+    layers = _layer_prefixes([name for name, _ in named])
+    if scheme == "none":
+        personal = set()
+    elif scheme == "input":
+        personal = {n for n, _ in named if _prefix(n) == layers[0]}
+    elif scheme == "output":
+        personal = {n for n, _ in named if _prefix(n) == layers[-1]}
+    else:
+        if not patterns:
+            raise ValueError("the patterns scheme needs at least one parameter-name glob")
+        personal = {n for n, _ in named if any(fnmatch.fnmatchcase(n, p) for p in patterns)}
+    return np.concatenate([np.full(p.numel(), n in personal) for n, p in named]) if named else np.zeros(0, bool)
+
+
+def _prefix(name: str) -> str:
+    """The module a parameter belongs to: '2.weight' -> '2'."""
+    return name.rsplit(".", 1)[0] if "." in name else ""
+
+
+def _layer_prefixes(names: list[str]) -> list[str]:
+    """Parameterised modules in forward (registration) order, each once."""
+    out: list[str] = []
+    for n in names:
+        if _prefix(n) not in out:
+            out.append(_prefix(n))
+    return out
