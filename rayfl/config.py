@@ -36,9 +36,10 @@ class _NotFinite(ConfigError):
 DEFAULT_CLIENTS_PER_ROUND = 10
 
 
-DATASETS = ("synthetic", "digits", "mnist", "fashion_mnist", "cifar10")
+DATASETS = ("synthetic", "digits", "mnist", "fashion_mnist", "cifar10", "emnist", "gldv2", "stackoverflow", "ffgg_quadratic")
 PARTITIONS = ("iid", "dirichlet", "quantity_skew", "dominant_class", "shards", "natural")
-MODELS = ("linear", "mlp", "relu1", "conv4")
+MODELS = ("linear", "mlp", "relu1", "conv4", "resnet18", "transformer")
+ADAPTERS = ("none", "residual", "lora")
 
 
 @dataclass
@@ -91,9 +92,41 @@ class DataConfig:
     synthetic_size_sigma: float = 2.0
     synthetic_min_samples: int = 50
     synthetic_max_samples: int = 2000
+    # FFGG's synthetic quadratic (rayfl.papers.ffgg.quadratic; partition.method natural, one
+    # client per partition.num_clients): n rows per block, d_theta global, d_w personal.
+    quadratic_n: int = 10_000
+    quadratic_d_theta: int = 100
+    quadratic_d_w: int = 50
+    quadratic_planted: bool = True
+    # Naturally federated datasets (emnist, gldv2, stackoverflow; rayfl.data.natural): keep
+    # clients with at least min_client_train / min_client_test samples, then a seeded subsample
+    # of max_clients of them; at most max_client_train training samples each (StackOverflow's
+    # 1000 sequences). StackOverflow: vocab_size words, sequences of seq_len tokens. GLDv2:
+    # images resized to image_size, test_fraction of each client's images as its test set.
+    min_client_train: int = 0
+    min_client_test: int = 0
+    max_clients: int | None = None
+    max_client_train: int | None = None
+    vocab_size: int = 10000
+    seq_len: int = 20
+    image_size: int = 224
+    # Seed of the data split and partition (null: run.seed). Fixing it keeps one split while
+    # run.seed varies the training randomness (FFGG's Table 1 pipeline chains runs on one split).
+    seed: int | None = None
 
     def validate(self) -> None:
         _choice("data.dataset", self.dataset, DATASETS)
+        _non_negative("data.min_client_train", self.min_client_train)
+        _non_negative("data.min_client_test", self.min_client_test)
+        if self.max_clients is not None:
+            _positive("data.max_clients", self.max_clients)
+        if self.max_client_train is not None:
+            _positive("data.max_client_train", self.max_client_train)
+        _positive("data.vocab_size", self.vocab_size)
+        _positive("data.seq_len", self.seq_len)
+        _positive("data.image_size", self.image_size)
+        if self.seed is not None:
+            _non_negative("data.seed", self.seed)
         _fraction("data.test_fraction", self.test_fraction, open_right=True)
         if not 0.0 <= self.server_fraction < 1.0:
             raise ConfigError("data.server_fraction", f"must be in [0, 1), got {self.server_fraction}")
@@ -102,6 +135,8 @@ class DataConfig:
         if self.synthetic_alpha < 0 or self.synthetic_beta < 0:
             raise ConfigError("data.synthetic_alpha", "alpha and beta must be >= 0")
         _positive("data.synthetic_features", self.synthetic_features)
+        for key in ("quadratic_n", "quadratic_d_theta", "quadratic_d_w"):
+            _positive(f"data.{key}", getattr(self, key))
         if self.synthetic_classes < 2:
             raise ConfigError("data.synthetic_classes", "must be >= 2")
         if self.synthetic_min_samples < 2:
@@ -136,9 +171,14 @@ class PartitionConfig:
     rho: float = 0.8
     samples_per_client: int | None = None
     shards_per_client: int = 2
-    client_test: Literal["none", "proportional"] = "none"
+    client_test: Literal["none", "proportional", "equal"] = "none"
+    # `client_test: equal`: every client gets this many IID test samples (null: pool // clients),
+    # so a 20-image client still has a usable validation set (ComFedL's worst-client accuracy).
+    client_test_size: int | None = None
 
     def validate(self) -> None:
+        if self.client_test_size is not None:
+            _positive("partition.client_test_size", self.client_test_size)
         _choice("partition.method", self.method, PARTITIONS)
         _positive("partition.num_clients", self.num_clients)
         if self.alpha <= 0:
@@ -160,9 +200,40 @@ class ModelConfig:
     bias: bool = True
     hidden: list[int] = field(default_factory=lambda: [200, 200])
     conv_channels: int = 32
+    # The hidden nonlinearity of mlp / relu1: `relu`, or the softplus (1/beta) ln(1 + e^{beta t})
+    # (FedRZO App. D.1's smoothed network for first-order baselines). `eval_activation: relu`
+    # evaluates that network with the true ReLU (in eval mode) while clients train the softplus.
+    activation: Literal["relu", "softplus"] = "relu"
+    softplus_beta: float = 10.0
+    eval_activation: Literal["same", "relu"] = "same"
+    # resnet18 (GroupNorm, rayfl.models.resnet): base width (64 is ResNet-18; smaller for CPU
+    # runs) and GroupNorm groups. transformer (rayfl.models.transformer): causal LM blocks.
+    width: int = 64
+    norm_groups: int = 2
+    layers: int = 4
+    heads: int = 4
+    dim: int = 256
+    ffn_dim: int = 1024
+    # Adapters added to the network (rayfl.models.adapters): residual (Pillutla et al. 2022)
+    # or lora (rank adapter_rank on weight matrices); both start as the identity edit.
+    adapter: str = "none"
+    adapter_rank: int = 16
+    # Start from these parameters instead of a fresh init: a .npy flat vector, or a run
+    # directory (its checkpoint's model, matched by parameter name; rayfl.models.init_from).
+    init_from: str | None = None
 
     def validate(self) -> None:
         _choice("model.name", self.name, MODELS)
+        _choice("model.adapter", self.adapter, ADAPTERS)
+        for key in ("width", "norm_groups", "layers", "heads", "dim", "ffn_dim", "adapter_rank"):
+            _positive(f"model.{key}", getattr(self, key))
+        if self.dim % self.heads:
+            raise ConfigError("model.heads", f"model.dim={self.dim} must be divisible by heads={self.heads}")
+        if self.adapter == "residual" and self.name not in ("resnet18", "transformer"):
+            raise ConfigError("model.adapter", f"residual adapters exist for resnet18 and transformer, not {self.name!r}")
+        if self.init_from is not None and not self.init_from:
+            raise ConfigError("model.init_from", "must be a path (or null)")
+        _positive_float("model.softplus_beta", self.softplus_beta)
         for i, h in enumerate(self.hidden):
             _positive(f"model.hidden[{i}]", h)
         if self.name in ("mlp", "relu1") and len(self.hidden) < 1:
@@ -438,7 +509,7 @@ class Config:
     def validate(self) -> None:
         for f in dataclasses.fields(self):
             getattr(self, f.name).validate()
-        if self.partition.method == "natural" and self.data.dataset != "synthetic":
+        if self.partition.method == "natural" and self.data.dataset not in ("synthetic", "ffgg_quadratic", "emnist", "gldv2", "stackoverflow"):
             raise ConfigError(
                 "partition.method",
                 f"'natural' needs a dataset with its own clients (synthetic); {self.data.dataset!r} "

@@ -13,6 +13,7 @@ import numpy as np
 from rayfl.config import ConfigError, DataConfig, PartitionConfig
 from rayfl.data.datasets import load_pool
 from rayfl.data.partition import (
+    equal_test_split,
     groups_from_owner,
     partition_indices,
     proportional_test_split,
@@ -94,8 +95,17 @@ class FederatedDataset:
 def build_federated_dataset(data: DataConfig, partition: PartitionConfig, seed: int) -> FederatedDataset:
     """Load or generate `data.dataset`, carve out the server's share and split the rest
     across `partition.num_clients` clients, all from seeded streams of `seed`."""
-    if data.dataset == "synthetic":
+    seed = data.seed if getattr(data, "seed", None) is not None else seed  # data.seed pins the split
+    if data.dataset == "ffgg_quadratic":  # FFGG's Example 1 (rayfl.papers.ffgg.quadratic)
+        from rayfl.papers.ffgg.quadratic import federated_quadratic
+
+        fd = federated_quadratic(data, partition, seed)
+    elif data.dataset == "synthetic":
         fd = _build_synthetic(data, partition, seed)
+    elif data.dataset in ("emnist", "gldv2", "stackoverflow"):  # their own clients (rayfl.data.natural)
+        from rayfl.data.natural import load_natural
+
+        fd = load_natural(data, seed)
     elif partition.method == "natural":
         raise ConfigError(
             "partition.method", f"'natural' needs a dataset with its own clients (synthetic), not {data.dataset!r}"
@@ -127,6 +137,8 @@ def _build_from_pool(
     if partition.client_test == "proportional":
         counts = _count_matrix(clients, train_y, num_classes)
         client_test = proportional_test_split(counts, test_y, numpy_rng(seed, "partition.test"))
+    elif partition.client_test == "equal":
+        client_test = equal_test_split(len(clients), len(test_y), partition.client_test_size, numpy_rng(seed, "partition.test"))
     fd = FederatedDataset(
         name=name,
         num_classes=num_classes,

@@ -234,3 +234,16 @@ def proportional_test_split(
         if counts.sum():
             owner[idx] = np.repeat(np.arange(m), counts)
     return groups_from_owner(owner, m)
+
+
+def equal_test_split(num_clients: int, n_test: int, size: int | None, rng: np.random.Generator) -> list[np.ndarray]:
+    """`size` IID test samples per client (None: n_test // num_clients), disjoint: a validation
+    set of the same size for every client, however small its training set."""
+    size = n_test // num_clients if size is None else size
+    if size * num_clients > n_test:
+        raise ConfigError(
+            "partition.client_test_size",
+            f"{num_clients} clients x {size} test samples exceed the test pool's {n_test}",
+        )
+    perm = rng.permutation(n_test)[: size * num_clients]
+    return [np.sort(perm[k * size : (k + 1) * size]).astype(np.int64) for k in range(num_clients)]

@@ -115,6 +115,7 @@ class Federation:
         self._round_failures = 0
         self._dispatched = 0  # tasks launched, for engine.kill_host_every
         self.tasks_discarded = 0  # in flight when an async run ended: never logged
+        self.client_tags: dict[int, dict[str, Any]] = {}  # extra `clients` columns per client (e.g. byzantine)
 
         self.model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
         self.num_params = sum(p.numel() for p in self.model.parameters())
@@ -297,6 +298,12 @@ class Federation:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(self.seed, "model.init"))
             model = build_model(self.cfg.model, self.dataset.input_shape, self.dataset.num_classes)
+            if getattr(self.cfg.model, "init_from", None):  # another run's model (rayfl.models.init_from)
+                from rayfl.models.init_from import initial_vector
+
+                return initial_vector(
+                    model, get_flat(model).numpy(), self.cfg.model.init_from, self.dataset.input_shape, self.dataset.num_classes
+                )
         return get_flat(model).numpy()
 
     def call(
@@ -540,6 +547,7 @@ class Federation:
                 "bytes_down": r.bytes_down,
                 "rerun": bool(r.extra.get("rerun", False)),
                 "task": r.task,
+                **self.client_tags.get(r.client, {}),
             }
             loss = r.values.get("loss") if isinstance(r.values, dict) else None
             if isinstance(loss, (int, float, np.floating)):

@@ -14,7 +14,7 @@ explicit `torch.Generator` instead, for callers that must not touch global RNG s
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -33,28 +33,58 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
     if not shape or any(s <= 0 for s in shape):
         raise ValueError(f"input_shape must be non-empty with positive sizes, got {input_shape}")
     in_features = math.prod(shape)
+    if cfg.name in ("resnet18", "transformer") or getattr(cfg, "adapter", "none") != "none":
+        from rayfl.models.adapted import build_adapted  # FFGG's networks and adapters
+
+        return build_adapted(cfg, shape, num_classes)
     if cfg.name == "linear":
         return nn.Sequential(nn.Flatten(), nn.Linear(in_features, num_classes, bias=cfg.bias))
     if cfg.name == "mlp":
-        return mlp(in_features, list(cfg.hidden), num_classes, cfg.bias)
+        return mlp(in_features, list(cfg.hidden), num_classes, cfg.bias, activation=hidden_activation(cfg))
     if cfg.name == "relu1":
         if not cfg.hidden:
             raise ValueError("relu1 needs one hidden width in model.hidden")
-        return mlp(in_features, [cfg.hidden[0]], num_classes, cfg.bias)
+        return mlp(in_features, [cfg.hidden[0]], num_classes, cfg.bias, activation=hidden_activation(cfg))
     if cfg.name == "conv4":
         return Conv4(shape, num_classes, cfg.conv_channels, cfg.bias)
     raise ValueError(f"unknown model {cfg.name!r}; choose one of linear, mlp, relu1, conv4")
 
 
-def mlp(in_features: int, hidden: Sequence[int], num_classes: int, bias: bool = True) -> nn.Sequential:
-    """Flatten, then Linear + ReLU for each hidden width, then a Linear to the logits."""
+def mlp(
+    in_features: int, hidden: Sequence[int], num_classes: int, bias: bool = True,
+    activation: Callable[[], nn.Module] = nn.ReLU,
+) -> nn.Sequential:
+    """Flatten, then Linear + activation (ReLU) for each hidden width, then a Linear to the logits."""
     layers: list[nn.Module] = [nn.Flatten()]
     width = in_features
     for h in hidden:
-        layers += [nn.Linear(width, h, bias=bias), nn.ReLU()]
+        layers += [nn.Linear(width, h, bias=bias), activation()]
         width = h
     layers.append(nn.Linear(width, num_classes, bias=bias))
     return nn.Sequential(*layers)
+
+
+class SmoothedReLU(nn.Module):
+    """Softplus (1/beta) ln(1 + e^{beta t}) while training; in eval mode the true ReLU when
+    `relu_in_eval` (FedRZO App. D.1: first-order baselines train the smoothed network and are
+    compared on the ReLU loss). No parameters, so the flat vector is the ReLU network's."""
+
+    def __init__(self, beta: float, relu_in_eval: bool):
+        super().__init__()
+        self.beta = float(beta)
+        self.relu_in_eval = relu_in_eval
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.relu_in_eval and not self.training:
+            return torch.relu(x)
+        return torch.nn.functional.softplus(x, beta=self.beta)
+
+
+def hidden_activation(cfg: ModelConfig) -> Callable[[], nn.Module]:
+    """The factory of mlp / relu1's hidden nonlinearity named by `cfg.activation`."""
+    if cfg.activation == "softplus":
+        return lambda: SmoothedReLU(cfg.softplus_beta, cfg.eval_activation == "relu")
+    return nn.ReLU
 
 
 class Conv4(nn.Module):
@@ -119,7 +149,16 @@ def init_params(model: nn.Module, generator: torch.Generator) -> nn.Module:
     only the stream they draw from differs. Draws happen on CPU so the values do not depend on
     the model's device. Returns the model."""
     for module in model.modules():
-        if isinstance(module, (nn.Linear, nn.Conv2d)):
+        if hasattr(module, "redraw_"):  # adapters, LoRA layers (rayfl.models.adapters)
+            module.redraw_(generator)
+        elif isinstance(module, (nn.GroupNorm, nn.LayerNorm)):  # ResNet-18-GN, the transformer
+            if module.weight is not None:
+                module.weight.fill_(1.0)
+            if module.bias is not None:
+                module.bias.zero_()
+        elif isinstance(module, nn.Embedding):
+            module.weight.copy_(torch.empty(module.weight.shape).normal_(generator=generator))
+        elif isinstance(module, (nn.Linear, nn.Conv2d)):
             fan_in = module.weight[0].numel()
             bound = 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
             _uniform_(module.weight, bound, generator)

@@ -4,7 +4,14 @@ the client's host state and never uploaded) and which are global (theta, shared)
 The split is a boolean mask over the flat vector of `rayfl.models.params`, so algorithms keep
 working on flat vectors: theta = flat[~mask], w = flat[mask]. Schemes follow FFGG's
 experiments (arXiv 2305.18285, Table 1): `input` (the first parameterised layer), `output` (the
-last one), or `patterns` (parameter names matching any glob, e.g. "*adapter*")."""
+last one), `adapter` (exactly the parameters adapters added: rayfl.models.adapters, residual or
+LoRA), `adapter_norm` (adapters plus every normalisation layer: Pillutla et al.'s split, spec
+§4.3), `all` (full fine-tuning), or `patterns` (parameter names matching any glob).
+
+A network may say what its input and output layers are with a `personal_groups` attribute
+({"input": name prefixes, "output": name prefixes}): ResNet-18's input layer is its stem conv and
+its GroupNorm, the transformer's the first block (spec §4.3, §6.22); other networks use the first
+and last parameterised module."""
 
 from __future__ import annotations
 
@@ -14,7 +21,10 @@ from collections.abc import Sequence
 import numpy as np
 from torch import nn
 
-SCHEMES = ("none", "input", "output", "patterns")
+from rayfl.models.adapters import is_adapter_param
+
+SCHEMES = ("none", "input", "output", "adapter", "adapter_norm", "all", "patterns")
+NORMS = (nn.GroupNorm, nn.LayerNorm, nn.BatchNorm1d, nn.BatchNorm2d)
 
 
 def personal_mask(model: nn.Module, scheme: str, patterns: Sequence[str] = ()) -> np.ndarray:
@@ -23,12 +33,24 @@ def personal_mask(model: nn.Module, scheme: str, patterns: Sequence[str] = ()) -
     if scheme not in SCHEMES:
         raise ValueError(f"unknown personalization scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
     layers = _layer_prefixes([name for name, _ in named])
+    groups = getattr(model, "personal_groups", None) or {}
     if scheme == "none":
         personal = set()
+    elif scheme == "all":
+        personal = {n for n, _ in named}
+    elif scheme in ("input", "output") and scheme in groups:
+        personal = {n for n, _ in named if n.startswith(tuple(groups[scheme]))}
     elif scheme == "input":
         personal = {n for n, _ in named if _prefix(n) == layers[0]}
     elif scheme == "output":
         personal = {n for n, _ in named if _prefix(n) == layers[-1]}
+    elif scheme in ("adapter", "adapter_norm"):
+        personal = {n for n, _ in named if is_adapter_param(n)}
+        if not personal:
+            raise ValueError("the adapter scheme needs a model with adapters (model.adapter: residual or lora)")
+        if scheme == "adapter_norm":
+            norms = {name for name, m in model.named_modules() if isinstance(m, NORMS)}
+            personal |= {n for n, _ in named if _prefix(n) in norms}
     else:
         if not patterns:
             raise ValueError("the patterns scheme needs at least one parameter-name glob")

@@ -31,6 +31,13 @@ def paper_table(paper: str, name: str) -> pd.DataFrame:
 
 def paper_reports() -> list[PaperReport]:
     """Every paper's report writer (imported here, lazily: they import plotting)."""
+    from rayfl.papers.comfedl.maml_report import write_comfedl_maml_report
+    from rayfl.papers.comfedl.report import write_comfedl_report
+    from rayfl.papers.fedrzo.fig2 import write_fedrzo_fig2
+    from rayfl.papers.fedrzo.report import write_fedrzo_report
+    from rayfl.papers.ffgg.report import write_ffgg_report
+    from rayfl.papers.ffgg.table1 import write_ffgg_table1
     from rayfl.papers.zo_hfl.report import write_zo_hfl_report
 
-    return [write_zo_hfl_report]
+    return [write_zo_hfl_report, write_ffgg_table1, write_fedrzo_fig2, write_fedrzo_report, write_comfedl_report,
+            write_comfedl_maml_report, write_ffgg_report]

@@ -8,6 +8,13 @@ so one draw of v and two function values give an unbiased estimate of the smooth
 (The paper's display of grad f_2^eta omits the d / 2 eta factor; Lemma 7 has it.) The factor is
 d / 2 eta = 39,200 for a 7,840-parameter model at eta = 0.1, which is why every difference here
 is formed in float64, and for the quadratic penalty in the factored form of spec section 2.4.
+
+FedRZO (Qiu, Shanbhag, Yousefian, NeurIPS 2023; spec zo-nondiff.md 2.2) uses the one-sided form
+with v uniform on the sphere of radius eta (`forward_difference_estimate`):
+
+    g = (n / eta) (h(x + v) - h(x)) v / ||v|| = (n / eta^2) (h(x + v) - h(x)) v,
+
+unbiased for grad h^eta(x) because E[h(x) v] = 0.
 """
 
 from __future__ import annotations
@@ -25,6 +32,15 @@ def two_point_estimate(f_plus: float, f_minus: float, v: np.ndarray, eta: float)
         raise ValueError(f"the smoothing radius eta must be > 0, got {eta}")
     v = np.asarray(v, dtype=np.float64)
     return (v.size / (2.0 * eta)) * (float(f_plus) - float(f_minus)) * v
+
+
+def forward_difference_estimate(f_shifted: float, f_here: float, v: np.ndarray, eta: float) -> np.ndarray:
+    """(n / eta^2) (f(x + v) - f(x)) v in float64, n = len(v), for v on the sphere of radius
+    eta (FedRZO's estimator; note v is the *scaled* direction, ||v|| = eta)."""
+    if not eta > 0:
+        raise ValueError(f"the smoothing radius eta must be > 0, got {eta}")
+    v = np.asarray(v, dtype=np.float64)
+    return (v.size / eta**2) * (float(f_shifted) - float(f_here)) * v
 
 
 def quadratic_penalty(x: np.ndarray, y: np.ndarray, lam: float) -> float:
@@ -47,11 +63,21 @@ def quadratic_penalty_difference(
 
 
 def smoothed_gradient(
-    h: Callable[[np.ndarray], float], x: np.ndarray, eta: float, rng: np.random.Generator, samples: int
+    h: Callable[[np.ndarray], float],
+    x: np.ndarray,
+    eta: float,
+    rng: np.random.Generator,
+    samples: int,
+    form: str = "central",
 ) -> np.ndarray:
-    """Monte-Carlo mean of `samples` two-point estimates of grad h^eta(x) (for tests and toys)."""
+    """Monte-Carlo mean of `samples` two-point estimates of grad h^eta(x) (for tests and toys):
+    the central form of ZO-HFL, or FedRZO's one-sided `forward` form."""
     x = np.asarray(x, dtype=np.float64)
     total = np.zeros_like(x)
+    h_x = h(x) if form == "forward" else 0.0
     for v in sample_sphere(rng, x.size, samples):
-        total += two_point_estimate(h(x + eta * v), h(x - eta * v), v, eta)
+        if form == "forward":
+            total += forward_difference_estimate(h(x + eta * v), h_x, eta * v, eta)
+        else:
+            total += two_point_estimate(h(x + eta * v), h(x - eta * v), v, eta)
     return total / samples

@@ -21,6 +21,12 @@ def direction_seed(seed: int, round: int, client: int, purpose: str = DIRECTION_
     return derive_seed(seed, purpose, round, client)
 
 
+def step_direction_seed(seed: int, round: int, client: int, step: int, purpose: str = DIRECTION_PURPOSE) -> int:
+    """The seed of a direction drawn afresh at every local step (FedRZO_nn's v_{i,k}): one
+    stream per (run seed, purpose, round, client, step)."""
+    return derive_seed(seed, f"{purpose}.step{int(step)}", round, client)
+
+
 def sphere_from_seed(seed: int, d: int) -> np.ndarray:
     """The float64 unit vector of R^d that `seed` stands for (same bits on every machine)."""
     return sample_sphere(np.random.default_rng(seed), d)

@@ -1,0 +1,177 @@
+"""DRFA (Deng, Kamani & Mahdavi, NeurIPS 2020, Alg. 1): distributionally robust federated
+averaging, ComFedL's "DRFL" baseline. It solves min_w max_{lambda in simplex} sum_i lambda_i
+f_i(w) with an explicit client weight vector lambda on the server:
+
+    local SGD for tau steps from w_s; w_{s+1} = average of the returned models;
+    w' = average of the models after a random step t' in {1..tau};
+    lambda <- Proj_simplex(lambda + weight_lr * tau * v),  v_i = (n/m) f_i(w') on m clients U.
+
+`variant: sampling` is the paper's Alg. 1: the training clients are sampled according to lambda
+(with replacement, a client drawn twice counts twice in the uniform average), lambda_0 uniform,
+U a fresh uniform sample. `variant: weighted` (default, spec A18) is the DRFA authors' FedTorch
+code the ComFedL authors appear to have used: clients are sampled uniformly and averaged with
+their lambda weights, lambda_0 proportional to n_i, the weight lr decays by `weight_lr_decay`
+per round, and lambda is floored at `weight_floor` after the projection (then renormalised)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from rayfl.algorithms.client_eval import evaluate_clients
+from rayfl.algorithms.fedavg import check_finite, clients_this_round, evaluate_if_due, weighted_mean
+from rayfl.algorithms.kernels import CrossEntropyGrad
+from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
+from rayfl.engine import ClientContext, Federation
+from rayfl.rng import numpy_rng
+from rayfl.zo.lower_level import minibatch_indices
+
+
+@dataclass
+class DRFAConfig(AlgorithmConfig):
+    """DRFA / DRFL. `local_steps` is tau, `weight_lr` the client-weights lr (ComFedL's "gamma"
+    of DRFL, 8e-2), `clients_per_round` m."""
+
+    name: str = "drfa"
+    local_epochs: int | None = None
+    local_steps: int | None = 5
+    lr: float = 0.01
+    weight_lr: float = 0.08
+    variant: Literal["weighted", "sampling"] = "weighted"
+    weight_lr_decay: float = 0.9
+    weight_floor: float = 1e-3
+    client_eval: bool = True
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.local_steps:
+            raise ConfigError("algorithm.local_steps", "DRFA runs tau >= 1 local steps: set local_steps (local_epochs: null)")
+        if not self.weight_lr >= 0:
+            raise ConfigError("algorithm.weight_lr", f"must be >= 0, got {self.weight_lr}")
+        if not 0 < self.weight_lr_decay <= 1:
+            raise ConfigError("algorithm.weight_lr_decay", f"must be in (0, 1], got {self.weight_lr_decay}")
+        if not 0 <= self.weight_floor < 1:
+            raise ConfigError("algorithm.weight_floor", f"must be in [0, 1), got {self.weight_floor}")
+
+
+@dataclass
+class DRFAState:
+    """The global model and the client weights lambda (one per client, on the simplex)."""
+
+    x: np.ndarray
+    lam: np.ndarray
+
+
+def project_simplex(v: np.ndarray) -> np.ndarray:
+    """Euclidean projection onto {p >= 0, sum p = 1} (sort-based, Held et al. / Duchi et al.)."""
+    v = np.asarray(v, dtype=np.float64)
+    u = np.sort(v)[::-1]
+    css = np.cumsum(u) - 1.0
+    k = np.arange(1, len(v) + 1)
+    rho = np.flatnonzero(u - css / k > 0)[-1]
+    return np.maximum(v - css[rho] / (rho + 1), 0.0)
+
+
+def lambda_step(lam: np.ndarray, losses: dict[int, float], n: int, m: int, lr: float, tau: int, floor: float) -> np.ndarray:
+    """lambda <- Proj(lambda + lr * tau * v), v_i = (n/m) f_i(w') for the reporting clients;
+    then floored (a floor of 0 keeps the plain projection) and renormalised."""
+    v = np.zeros(len(lam))
+    for c, f in losses.items():
+        v[c] = n / m * f
+    out = project_simplex(lam + lr * tau * v)
+    if floor > 0:
+        out = np.maximum(out, floor)
+        out /= out.sum()
+    return out
+
+
+# ---------------------------------------------------------------- client functions
+
+
+def drfa_client(ctx: ClientContext, params: np.ndarray, lr: float, steps: int, batch_size: int, snapshot: int) -> dict[str, Any]:
+    """tau local SGD steps (the `batches` stream, as FedAvg); uploads w_tau - w_s and
+    w_{t'} - w_s, the model after `snapshot` = t' steps."""
+    w0 = torch.tensor(params, device=ctx.device)
+    w, snap = w0.clone(), w0.clone()
+    kernel = CrossEntropyGrad(ctx.model)
+    xs, ts = kernel.prepare(ctx.x, ctx.y)
+    losses = []
+    if ctx.num_samples:
+        for t, idx in enumerate(minibatch_indices(ctx.rng("batches"), ctx.num_samples, batch_size, steps)):
+            idx = idx.to(xs.device)
+            loss, grad = kernel(w[None], xs.index_select(0, idx), ts.index_select(0, idx))
+            ctx.work.gradient_step(len(idx))
+            w -= lr * grad[0]
+            losses.append(float(loss[0]))
+            if t + 1 == snapshot:
+                snap = w.clone()
+    return {"delta": w - w0, "snapshot": snap - w0, "loss": float(np.mean(losses)) if losses else float("nan")}
+
+
+def drfa_loss(ctx: ClientContext, params: np.ndarray, batch_size: int) -> dict[str, Any]:
+    """f_i(w') on one minibatch (stream `drfa.loss`): the client's report for the lambda step."""
+    if ctx.num_samples == 0:
+        return {"f": 0.0}
+    kernel = CrossEntropyGrad(ctx.model)
+    xs, ts = kernel.prepare(ctx.x, ctx.y)
+    (idx,) = minibatch_indices(ctx.rng("drfa.loss"), ctx.num_samples, batch_size, 1)
+    with torch.no_grad():
+        loss, _ = kernel(torch.tensor(params, device=ctx.device)[None], xs[idx], ts[idx])
+    ctx.work.forward(len(idx))
+    return {"f": float(loss[0])}
+
+
+# ---------------------------------------------------------------- server loop
+
+
+def training_clients(fed: Federation, cfg: DRFAConfig, lam: np.ndarray, r: int) -> tuple[list[int], np.ndarray]:
+    """(clients, their aggregation weights): m draws by lambda with a count-weighted uniform
+    mean (sampling), or a uniform sample with renormalised lambda weights (weighted)."""
+    if cfg.variant == "sampling":
+        m = cfg.clients_per_round or fed.num_clients
+        draws = numpy_rng(fed.seed, "drfa.sample", r).choice(fed.num_clients, size=m, replace=True, p=lam)
+        ids, counts = np.unique(draws, return_counts=True)
+        return [int(c) for c in ids], counts / m
+    ids = clients_this_round(fed, cfg, r)
+    w = lam[ids]
+    return ids, w / w.sum()
+
+
+def run_drfa(fed: Federation, cfg: DRFAConfig, run: RunConfig) -> dict[str, Any]:
+    n = fed.num_clients
+    lam0 = fed.client_weights(None, "samples") if cfg.variant == "weighted" else np.full(n, 1.0 / n)
+    s = fed.track(DRFAState(x=fed.initial_params(), lam=lam0))
+    tau = int(cfg.local_steps or 0)
+    metrics: dict[str, Any] = {}
+    for r in fed.rounds(run.rounds):
+        ids, weights = training_clients(fed, cfg, s.lam, r)
+        t_snap = int(numpy_rng(fed.seed, "drfa.snapshot", r).integers(1, tau + 1))
+        results = fed.call(ids, drfa_client, round=r, params=s.x, lr=cfg.lr, steps=tau, batch_size=cfg.batch_size,
+                           snapshot=t_snap)
+        metrics = {"num_updates": len(results)}
+        if results:
+            keep = {c: w for c, w in zip(ids, weights, strict=True)}
+            wts = np.array([keep[res.client] for res in results])
+            wts = wts / wts.sum()
+            x_snap = (s.x + weighted_mean(results, "snapshot", wts)).astype(np.float32)
+            s.x = (s.x + weighted_mean(results, "delta", wts)).astype(np.float32)
+            check_finite(s.x, r)
+            m = len(ids) if cfg.variant == "weighted" else (cfg.clients_per_round or n)
+            if cfg.variant == "sampling":
+                loss_ids = sorted(int(c) for c in numpy_rng(fed.seed, "drfa.loss_clients", r).choice(n, size=min(m, n), replace=False))
+            else:
+                loss_ids = ids
+            reports = fed.call(loss_ids, drfa_loss, round=r, phase="weights", params=x_snap, batch_size=cfg.batch_size)
+            lr_r = cfg.weight_lr * (cfg.weight_lr_decay**r if cfg.variant == "weighted" else 1.0)
+            floor = cfg.weight_floor if cfg.variant == "weighted" else 0.0
+            s.lam = lambda_step(s.lam, {rep.client: rep["f"] for rep in reports}, n, m, lr_r, tau, floor)
+            metrics.update(train_loss=float(np.sum(wts * [res["loss"] for res in results])),
+                           max_client_weight=float(s.lam.max()), snapshot_step=t_snap)
+        metrics.update(evaluate_if_due(fed, s.x, r, run))
+        if cfg.client_eval and "test_accuracy" in metrics:
+            metrics.update(evaluate_clients(fed, s.x, r))
+        fed.log_round(r, **metrics)
+    return {"final_params": s.x, "lambda": s.lam, **metrics}

@@ -1,0 +1,342 @@
+"""FFGG: Fine-tuning Followed by Global Gradient (Mishchenko, Islamov, Gorbunov, Horvath,
+"Partially Personalized Federated Learning", arXiv 2305.18285): Alg. 1 (`ffgg`), Alg. 4
+(`local_ffgg`) and Alg. 5 (`br_ffgg`, Byzantine-robust).
+
+The parameters split into global theta (the only thing that travels) and personal w (kept in
+the client's host state under "w", never uploaded):
+
+    Alg. 1, round r:  every sampled client fine-tunes w ~ argmin_w f_m(theta^r, w) (Alg. 2: tau
+                      GD steps from a fresh random w, or CG / exact on the quadratic) and
+                      uploads Delta_m = grad_theta f_m(theta^r, w);
+                      theta^{r+1} = theta^r - gamma_theta mean_m Delta_m   (ARAgg for Alg. 5)
+    Alg. 4, round r:  fine-tune, then K times  w <- w - gamma_w grad_w f(theta_k, w);
+                      theta_{k+1} = theta_k - gamma_theta grad_theta f(theta_k, w_new);
+                      uploads Delta_m = theta^r - theta^{r,K};  theta^{r+1} = theta^r - server_lr mean Delta
+
+What the split is: on `data.dataset: ffgg_quadratic` theta is the first d_theta coordinates of
+(theta, w) (rayfl.papers.ffgg.quadratic); on a network it is flat[~mask] with mask =
+`rayfl.models.personal.personal_mask(model, algorithm.personal_scheme,
+algorithm.personal_patterns)`, and w = flat[mask] starts from the module's default init.
+Step sizes left null take the quadratic's constants: gamma_theta = 1/L, gamma_w = 1/L_w
+(spec 6.6-6.7); on networks server_lr 1.0 and w_lr = algorithm.lr."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from rayfl.algorithms.base import eval_due
+from rayfl.algorithms.fedavg import clients_this_round
+from rayfl.algorithms.finetune import (
+    W_STATE,
+    FineTune,
+    SplitSpec,
+    finetune,
+    make_objective,
+    to_tensor,
+)
+from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
+from rayfl.engine import ClientContext, Federation
+from rayfl.robust.aggregators import RobustConfig
+from rayfl.robust.attacks import AttackConfig, byzantine_count
+from rayfl.robust.server import ByzantineServer
+
+
+@dataclass
+class FFGGConfig(AlgorithmConfig):
+    """FFGG (Alg. 1 + Alg. 2). `tau` fine-tuning steps of `solver` (gd: Alg. 2 with step
+    `w_lr`; cg / exact: the quadratic only) from `w_init` (random: N(0, I) on the quadratic,
+    the module's init on networks; zero; warm: the client's last committed w). `server_lr` is
+    gamma_theta. `tau_epochs` (networks) fine-tunes for that many epochs instead of tau steps.
+    `personal_scheme` / `personal_patterns`: which network parameters are personal (see
+    rayfl.models.personal; ignored on the quadratic). `aggregator` / `attack`: Alg. 5's ARAgg
+    and the Byzantine clients (rayfl.robust), mean / none by default."""
+
+    name: str = "ffgg"
+    solver: Literal["gd", "cg", "exact"] = "gd"
+    tau: int = 10
+    tau_epochs: int | None = None
+    w_init: Literal["random", "zero", "warm"] = "random"
+    w_lr: float | None = None
+    server_lr: float | None = None
+    personal_scheme: str = "output"
+    personal_patterns: list[str] = field(default_factory=list)
+    aggregator: RobustConfig = field(default_factory=RobustConfig)
+    attack: AttackConfig = field(default_factory=AttackConfig)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.tau < 0:
+            raise ConfigError("algorithm.tau", f"must be >= 0, got {self.tau}")
+        if self.tau_epochs is not None and self.tau_epochs < 1:
+            raise ConfigError("algorithm.tau_epochs", f"must be >= 1 or null, got {self.tau_epochs}")
+        for key in ("w_lr", "server_lr"):
+            value = getattr(self, key)
+            if value is not None and not value > 0:
+                raise ConfigError(f"algorithm.{key}", f"must be > 0 or null, got {value}")
+        from rayfl.models.personal import SCHEMES
+
+        if self.personal_scheme not in SCHEMES:
+            raise ConfigError("algorithm.personal_scheme", f"unknown {self.personal_scheme!r}; allowed: {list(SCHEMES)}")
+        if self.personal_scheme == "patterns" and not self.personal_patterns:
+            raise ConfigError("algorithm.personal_patterns", "the patterns scheme needs at least one parameter-name glob")
+        self.aggregator.validate_as("algorithm.aggregator")
+        self.attack.validate_as("algorithm.attack")
+
+
+@dataclass
+class LocalFFGGConfig(FFGGConfig):
+    """Local FFGG (Alg. 4): after fine-tuning, K = `local_steps` alternating (w, theta) steps
+    (or `local_epochs` epochs of minibatches on networks) with local theta step `theta_lr`
+    (null: 1/L on the quadratic, algorithm.lr on networks); the server adds server_lr times
+    the mean model delta (server_lr null: 1, Alg. 4 line 11)."""
+
+    name: str = "local_ffgg"
+    theta_lr: float | None = None
+
+    def validate(self) -> None:
+        super().validate()
+        if self.theta_lr is not None and not self.theta_lr > 0:
+            raise ConfigError("algorithm.theta_lr", f"must be > 0 or null, got {self.theta_lr}")
+
+
+@dataclass
+class BRFFGGConfig(FFGGConfig):
+    """BR-FFGG (Alg. 5): full participation (Alg. 5 samples nobody) and a robust aggregator,
+    bucketing(2) + coordinate-wise median by default (the authors' Byzantine run, spec 6.28)."""
+
+    name: str = "br_ffgg"
+    participation: float | None = 1.0
+    clients_per_round: int | None = None
+    aggregator: RobustConfig = field(default_factory=lambda: RobustConfig(name="median", bucket_size=2))
+
+    def validate(self) -> None:
+        super().validate()
+        if self.participation != 1.0:
+            raise ConfigError("algorithm.participation", "BR-FFGG uses every client each round (Alg. 5): set 1.0")
+
+
+@dataclass
+class FFGGState:
+    """What the server carries between rounds: theta (and centered clipping's reference)."""
+
+    theta: np.ndarray
+    robust_ref: np.ndarray | None = None
+
+
+# ---------------------------------------------------------------- the split, server side
+
+
+@dataclass
+class Split:
+    """The server's view of the split: the problem kind, theta^0 and the dtype theta travels in.
+    The quadratic's oracle measures ||F(theta)|| exactly (metrics only)."""
+
+    spec: SplitSpec
+    theta0: np.ndarray
+    oracle: Any = None
+
+    @property
+    def quadratic(self) -> bool:
+        return self.spec.problem == "quadratic"
+
+
+def server_split(fed: Federation, cfg: FFGGConfig) -> Split:
+    from rayfl.papers.ffgg.quadratic import is_quadratic, oracle_from_dataset
+
+    if is_quadratic(fed.dataset):
+        d_theta = fed.cfg.data.quadratic_d_theta
+        spec = SplitSpec("quadratic", batch_size=cfg.batch_size)
+        return Split(spec, np.zeros(d_theta, dtype=np.float64), oracle_from_dataset(fed.dataset, d_theta))
+    from rayfl.models.personal import personal_mask
+
+    mask = personal_mask(fed.model, cfg.personal_scheme, tuple(cfg.personal_patterns))
+    if not mask.any():
+        raise ConfigError("algorithm.personal_scheme", f"{cfg.personal_scheme!r} leaves no personal parameter")
+    spec = SplitSpec("network", cfg.personal_scheme, tuple(cfg.personal_patterns), cfg.batch_size)
+    return Split(spec, fed.initial_params()[~mask].astype(np.float32))
+
+
+def step_sizes(split: Split, cfg: FFGGConfig) -> tuple[float, float]:
+    """(gamma_theta, gamma_w): configured, or 1/L and 1/L_w on the quadratic (spec 6.6-6.7),
+    1.0 and algorithm.lr on networks."""
+    if split.quadratic:
+        o = split.oracle
+        return (cfg.server_lr or 1.0 / o.L), (cfg.w_lr or 1.0 / o.L_w)
+    return (cfg.server_lr or 1.0), (cfg.w_lr or cfg.lr)
+
+
+def fine_tune_of(cfg: FFGGConfig, w_lr: float) -> FineTune:
+    return FineTune(cfg.solver, cfg.tau, w_lr, cfg.w_init, cfg.tau_epochs)
+
+
+# ---------------------------------------------------------------- client functions
+
+
+def ffgg_client(
+    ctx: ClientContext, theta: np.ndarray, split: SplitSpec, tune: FineTune, byzantine: bool = False
+) -> dict[str, Any]:
+    """Alg. 1 lines 4-6: fine-tune w at theta^r, upload grad_theta f_m(theta^r, w) only."""
+    dtype = torch.float64 if split.problem == "quadratic" else torch.float32
+    th = to_tensor(theta, ctx, dtype)
+    obj = make_objective(ctx, flipped(split, byzantine), th.numel())
+    w = finetune(obj, ctx, th, tune)
+    g_theta, _, loss = obj.full_grads(th, w)
+    ctx.state[W_STATE] = w.detach().cpu()
+    return {"delta": g_theta, "loss": loss}
+
+
+def local_ffgg_client(
+    ctx: ClientContext,
+    theta: np.ndarray,
+    split: SplitSpec,
+    tune: FineTune,
+    theta_lr: float,
+    local_steps: int | None = None,
+    local_epochs: int | None = None,
+    byzantine: bool = False,
+) -> dict[str, Any]:
+    """Alg. 4 lines 4-9: fine-tune, then K alternating steps (w first, then theta at the fresh
+    w, on the same minibatch); upload Delta = theta^r - theta^{r,K}."""
+    dtype = torch.float64 if split.problem == "quadratic" else torch.float32
+    th0 = to_tensor(theta, ctx, dtype)
+    obj = make_objective(ctx, flipped(split, byzantine), th0.numel())
+    w = finetune(obj, ctx, th0, tune)
+    steps = local_steps if local_steps is not None else (local_epochs or 1) * obj.steps_per_epoch(split.batch_size)
+    th, loss = th0.clone(), float("nan")
+    for _ in range(steps):
+        batch = obj.batch()
+        _, g_w, _ = obj.grads(th, w, batch)
+        w = w - tune.lr * g_w
+        g_theta, _, loss = obj.grads(th, w, batch)
+        th = th - theta_lr * g_theta
+    ctx.state[W_STATE] = w.detach().cpu()
+    return {"delta": th0 - th, "loss": loss}
+
+
+def flipped(split: SplitSpec, byzantine: bool) -> SplitSpec:
+    if not byzantine:
+        return split
+    return SplitSpec(split.problem, split.scheme, split.patterns, split.batch_size, flip_labels=True)
+
+
+# ---------------------------------------------------------------- server loops
+
+
+def check_attack(fed: Federation, cfg: FFGGConfig, split: Split) -> None:
+    byzantine_count(fed.num_clients, cfg.attack, "algorithm.attack")
+    if cfg.attack.data_attack and split.quadratic:
+        raise ConfigError("algorithm.attack.name", "label_flip needs labels; the quadratic has none")
+    if cfg.solver != "gd" and not split.quadratic:
+        raise ConfigError("algorithm.solver", f"{cfg.solver!r} solves quadratics only; use gd on networks")
+
+
+def aggregate_round(byz: ByzantineServer, s: FFGGState, results: list[Any], round: int) -> np.ndarray:
+    """mean (Alg. 1 line 8) or ARAgg (Alg. 5) of the round's deltas, in client-id order."""
+    g = byz.combine(results, "delta", round, reference=s.robust_ref)
+    if byz.aggregator.name == "centered_clipping":
+        s.robust_ref = g
+    return g
+
+
+def round_metrics(split: Split, theta: np.ndarray, results: list[Any]) -> dict[str, Any]:
+    losses = [float(r["loss"]) for r in results]
+    out: dict[str, Any] = {"num_updates": len(results), "train_loss": float(np.mean(losses)) if losses else float("nan")}
+    if split.quadratic:
+        out.update(split.oracle.metrics(theta))
+    return out
+
+
+def run_ffgg(fed: Federation, cfg: FFGGConfig, run: RunConfig) -> dict[str, Any]:
+    """Alg. 1 (and Alg. 5 with a robust aggregator / Byzantine clients)."""
+    split = server_split(fed, cfg)
+    check_attack(fed, cfg, split)
+    gamma_theta, gamma_w = step_sizes(split, cfg)
+    tune = fine_tune_of(cfg, gamma_w)
+    byz = ByzantineServer(fed, cfg.aggregator, cfg.attack)
+    s = fed.track(FFGGState(theta=split.theta0.copy()))
+    metrics: dict[str, Any] = {}
+    for r in fed.rounds(run.rounds):
+        ids = clients_this_round(fed, cfg, r)
+        results = fed.call(ids, ffgg_client, round=r, per_client=byz.per_client(ids), theta=s.theta, split=split.spec, tune=tune)
+        if results:
+            g = aggregate_round(byz, s, results, r)
+            s.theta = (s.theta.astype(np.float64) - gamma_theta * g).astype(split.theta0.dtype)
+            check_finite(s.theta, r)
+        metrics = round_metrics(split, s.theta, results)
+        metrics.update(evaluate_if_due(fed, split, s.theta, r, run))
+        fed.log_round(r, **metrics)
+    return {"final_params": s.theta, **metrics}
+
+
+def run_local_ffgg(fed: Federation, cfg: LocalFFGGConfig, run: RunConfig) -> dict[str, Any]:
+    """Alg. 4."""
+    split = server_split(fed, cfg)
+    check_attack(fed, cfg, split)
+    gamma_theta, gamma_w = step_sizes(split, cfg)
+    theta_lr = cfg.theta_lr or (1.0 / split.oracle.L if split.quadratic else cfg.lr)
+    server_lr = cfg.server_lr or 1.0
+    tune = fine_tune_of(cfg, gamma_w)
+    byz = ByzantineServer(fed, cfg.aggregator, cfg.attack)
+    s = fed.track(FFGGState(theta=split.theta0.copy()))
+    metrics: dict[str, Any] = {}
+    for r in fed.rounds(run.rounds):
+        ids = clients_this_round(fed, cfg, r)
+        results = fed.call(
+            ids, local_ffgg_client, round=r, per_client=byz.per_client(ids), theta=s.theta, split=split.spec,
+            tune=tune, theta_lr=theta_lr, local_steps=cfg.local_steps, local_epochs=cfg.local_epochs,
+        )
+        if results:
+            g = aggregate_round(byz, s, results, r)
+            s.theta = (s.theta.astype(np.float64) - server_lr * g).astype(split.theta0.dtype)
+            check_finite(s.theta, r)
+        metrics = round_metrics(split, s.theta, results)
+        metrics.update(evaluate_if_due(fed, split, s.theta, r, run))
+        fed.log_round(r, **metrics)
+    return {"final_params": s.theta, **metrics}
+
+
+def check_finite(theta: np.ndarray, round: int) -> None:
+    if not np.all(np.isfinite(theta)):
+        raise FloatingPointError(f"theta diverged (non-finite) at round {round}; lower algorithm.server_lr")
+
+
+def evaluate_if_due(fed: Federation, split: Split, theta: np.ndarray, round: int, run: RunConfig) -> dict[str, float]:
+    """Networks: the personalized models (global theta + each client's committed w) on the
+    clients' own test splits, when the partition gives them some (partition.client_test)."""
+    if split.quadratic or not eval_due(round, run) or fed.dataset.client_test is None:
+        return {}
+    ids = [int(c) for c in fed.trainable_clients]
+    res = fed.call(ids, personal_eval_client, round=round, phase="eval", timed=False, theta=theta, split=split.spec)
+    n = np.array([r["n"] for r in res], dtype=np.float64)
+    if n.sum() == 0:
+        return {}
+    m = {
+        "test_loss": float(np.dot(n, [r["loss"] for r in res]) / n.sum()),
+        "test_accuracy": float(np.dot(n, [r["accuracy"] for r in res]) / n.sum()),
+    }
+    fed.log_eval(round, m)
+    return m
+
+
+def personal_eval_client(ctx: ClientContext, theta: np.ndarray, split: SplitSpec) -> dict[str, Any]:
+    """Test loss / accuracy of (theta, the client's committed w) on its own test split (a
+    client that never trained uses the module's init for w)."""
+    from rayfl.algorithms.finetune import NetworkObjective, initial_w
+    from rayfl.models.params import functional_logits
+
+    th = to_tensor(theta, ctx, torch.float32)
+    obj = make_objective(ctx, split, th.numel())
+    assert isinstance(obj, NetworkObjective)
+    w = initial_w(obj, ctx, "warm", torch.float32)
+    if ctx.test_x is None or len(ctx.test_y) == 0:
+        return {"n": 0, "loss": 0.0, "accuracy": 0.0}
+    with torch.no_grad():
+        logits = functional_logits(ctx.model, obj.flat(th, w), ctx.test_x)
+        loss = float(torch.nn.functional.cross_entropy(logits, ctx.test_y))
+        acc = float((logits.argmax(1) == ctx.test_y).float().mean())
+    ctx.work.forward(len(ctx.test_y))
+    return {"n": int(len(ctx.test_y)), "loss": loss, "accuracy": acc}

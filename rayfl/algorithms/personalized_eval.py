@@ -1,0 +1,56 @@
+"""Personalized evaluation for the MAML comparison (ComFedL Sec. 5.2, Fig. 4; spec A14): every
+client adapts the global model with one SGD step on a batch of its own training data, then
+measures it on its own validation set; the run logs each client and the unweighted mean and
+worst client.
+
+"For fair comparison, FedAvg is trained with one step at test time": the same step is applied
+to every method (FedAvg, Per-FedAvg, TR-MAML, ComFedL-DAMAML), each with its own inner lr.
+Ditto is the exception the paper names: it evaluates its persistent personal model v_k (a
+`state_key`, no extra step).
+
+The per-client work is `client_eval.evaluate_clients` (shared with ComFedL's worst-client
+evaluation) with prefix `pers_`: `evals` rows of split `pers_train` / `pers_val` per client and
+the round metrics pers_avg_val_accuracy, pers_worst_val_accuracy (and _loss, and train)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rayfl.algorithms.base import eval_due
+from rayfl.algorithms.client_eval import evaluate_clients
+from rayfl.config import ConfigError, RunConfig
+from rayfl.engine import Federation
+
+PREFIX = "pers_"
+
+
+def require_client_validation(fed: Federation) -> None:
+    """Personalized evaluation needs per-client validation sets; say so before round 0."""
+    if fed.dataset.client_test is None:
+        raise ConfigError(
+            "partition.client_test",
+            "personalized evaluation needs per-client validation sets; set partition.client_test=proportional",
+        )
+
+
+def evaluate_personalized_if_due(
+    fed: Federation,
+    params: np.ndarray,
+    round: int,
+    run: RunConfig,
+    adapt_lr: float,
+    adapt_steps: int = 1,
+    batch_size: int = 32,
+    state_key: str | None = None,
+) -> dict[str, float]:
+    """Every `run.eval_every` rounds and after the last: the global model on the global test
+    set (as `fedavg.evaluate_if_due`) and every client's personalized model (`adapt_steps`
+    SGD steps of `adapt_lr` on `batch_size` of its training samples, or its
+    `ctx.state[state_key]`) on its own train and validation split."""
+    if not eval_due(round, run):
+        return {}
+    m = fed.evaluate(params)
+    fed.log_eval(round, m)
+    m.update(evaluate_clients(fed, params, round, adapt_steps=adapt_steps, adapt_lr=adapt_lr,
+                              adapt_batch_size=batch_size, state_key=state_key, prefix=PREFIX))
+    return m

@@ -1,0 +1,81 @@
+"""The causal transformer language model of FFGG's StackOverflow experiment (arXiv 2305.18285,
+App. E: "similar in size to BERT Mini": 4 blocks, 4 heads, hidden 256, FFN 1024).
+
+Next-word prediction: a sample is a sequence of `seq_len` token ids and its target the same
+sequence shifted by one. The logits come out as [N, vocab, T] (class axis second), so
+`F.cross_entropy(logits, y)` with y [N, T] is the per-token loss, and targets set to -100 (the
+padding, rayfl.data.tff) are ignored by it. Every weight matrix is a `nn.Linear`, so LoRA can
+wrap each of them; no buffers (the causal mask and positions are built per call).
+
+Blocks are pre-LayerNorm: x + attn(LN(x)) [+ adapter], then x + FFN(LN(x)) [+ adapter].
+`adapter: residual` adds Pillutla et al.'s bottleneck adapters (d -> rank -> d) after the
+attention and the FFN of every block; `lora` wraps the q, k, v, output and FFN matrices of every
+block. FFGG's input / output schemes for this model are the first / last block (spec §4.3)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rayfl.models.adapters import BottleneckAdapter, add_lora
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int, ffn_dim: int, adapter: bool, rank: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(dim)
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        self.o = nn.Linear(dim, dim)
+        self.attn_adapter = BottleneckAdapter(dim, rank) if adapter else nn.Identity()
+        self.ln2 = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, dim)
+        self.ffn_adapter = BottleneckAdapter(dim, rank) if adapter else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, t, d = x.shape
+        h = self.ln1(x)
+        q, k, v = (proj(h).reshape(n, t, self.heads, d // self.heads).transpose(1, 2) for proj in (self.q, self.k, self.v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.attn_adapter(self.o(a.transpose(1, 2).reshape(n, t, d)))
+        return x + self.ffn_adapter(self.fc2(F.gelu(self.fc1(self.ln2(x)))))
+
+
+class TransformerLM(nn.Module):
+    """Token + learned position embeddings, `layers` pre-LN blocks, a final LayerNorm and a
+    linear head over the vocabulary (see the module docstring)."""
+
+    def __init__(
+        self,
+        seq_len: int,
+        vocab: int,
+        dim: int = 256,
+        layers: int = 4,
+        heads: int = 4,
+        ffn_dim: int = 1024,
+        adapter: str = "none",
+        rank: int = 16,
+    ):
+        super().__init__()
+        self.seq_len = seq_len
+        self.embed = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(seq_len, dim)
+        self.blocks = nn.ModuleList(Block(dim, heads, ffn_dim, adapter == "residual", rank) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab)
+        self.personal_groups = {"input": ("blocks.0.",), "output": (f"blocks.{layers - 1}.",)}
+        if adapter == "lora":
+            for block in self.blocks:
+                add_lora(block, rank)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = x.reshape(x.shape[0], -1).long()
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        h = self.embed(tokens) + self.pos(positions)[None]
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.ln_f(h)).transpose(1, 2)
