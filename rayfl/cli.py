@@ -25,6 +25,14 @@ examples:
   rayfl bench async --clients 1000            stragglers: sync vs deadline vs FedBuff; async speed-up
   rayfl bench zo                              wall time of a ZO-HFL round vs FedAvg rounds (offline MNIST)
 
+algorithms (algorithm.name; `rayfl validate --set algorithm.name=X` prints X's options):
+  first order     fedavg fedprox scaffold fedasync fedbuff
+  ZO-HFL          zo_hfl
+  FedRZO          fedrzo_nn fedrzo_bl fedrzo_minimax fedmspp scaffnew
+  FFGG            ffgg local_ffgg async_ffgg br_ffgg local_gd scaffold_quadratic l2gd local_finetune
+  ComFedL         comfedl drfa qfedavg per_fedavg tr_maml ditto fedavg_adapt
+  (each paper's jobs are in jobs/<paper>/, its replication notes in docs/replications/)
+
 Results land in <output.dir>/<experiment>/<run_id>/{rounds,clients,evals}/*.parquet:
   python -c "import rayfl.results as r; print(r.load('results').rounds)"
   duckdb -c "select * from read_parquet('results/*/*/rounds/*.parquet', union_by_name=true)"

@@ -65,7 +65,9 @@ def client_eval(
     empty or missing split is left out (a NaN would mark the task non-finite). Changes no
     client state."""
     personal = ctx.state.get(state_key) if state_key else None
-    w = torch.as_tensor(personal if personal is not None else params, device=ctx.device).to(torch.float32)
+    source = personal if personal is not None else params  # a committed tensor, or the broadcast array
+    w = source.detach().clone() if isinstance(source, torch.Tensor) else torch.tensor(source)
+    w = w.to(device=ctx.device, dtype=torch.float32)
     w = adapt(ctx, w, adapt_steps, adapt_lr, adapt_batch_size)
     out: dict[str, Any] = {}
     for split, x, y in (("train", ctx.x, ctx.y), ("val", ctx.test_x, ctx.test_y)):

@@ -175,8 +175,13 @@ def _fig3(results: Results, runs: pd.DataFrame, out: Path) -> list[str]:
     return [f"ComFedL Fig. 3 -> {path}"]
 
 
+FIG6_EXPERIMENT = "comfedl_fig6"  # jobs/comfedl/fig6.sh
+
+
 def _fig6(results: Results, runs: pd.DataFrame, out: Path) -> list[str]:
     sel = runs[(runs["partition"] == "dominant_class") & runs["method"].isin(["ComFedL-DAMAML", "FedAvg"])]
+    if (sel["experiment"] == FIG6_EXPERIMENT).any():  # fig6.sh's runs only, not the tau / gamma ablation's
+        sel = sel[sel["experiment"] == FIG6_EXPERIMENT]
     if sel.empty or sel["rho"].nunique() < 2:
         return []
     metrics = ["pers_avg_val_accuracy", "pers_worst_val_accuracy"]

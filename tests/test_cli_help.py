@@ -1,0 +1,15 @@
+"""`rayfl --help` teaches: it names every registered algorithm, and nothing that is not one."""
+
+from __future__ import annotations
+
+import re
+
+from rayfl.algorithms import ALGORITHMS
+from rayfl.cli import EPILOG
+
+
+def test_help_lists_exactly_the_registered_algorithms() -> None:
+    block = EPILOG.split("algorithms (algorithm.name", 1)[1].split("\n\n", 1)[0]
+    rows = [line for line in block.splitlines()[1:] if not line.strip().startswith("(")]
+    listed = {name for row in rows for name in re.split(r"\s{2,}", row.strip(), maxsplit=1)[1].split()}
+    assert listed == set(ALGORITHMS)
