@@ -28,6 +28,7 @@ from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
 from rayfl.engine import ClientContext, Federation
 from rayfl.rng import numpy_rng
 from rayfl.zo.lower_level import minibatch_indices
+from rayfl.zo.projection import project_simplex_array as project_simplex
 
 
 @dataclass
@@ -64,15 +65,6 @@ class DRFAState:
     x: np.ndarray
     lam: np.ndarray
 
-
-def project_simplex(v: np.ndarray) -> np.ndarray:
-    """Euclidean projection onto {p >= 0, sum p = 1} (sort-based, Held et al. / Duchi et al.)."""
-    v = np.asarray(v, dtype=np.float64)
-    u = np.sort(v)[::-1]
-    css = np.cumsum(u) - 1.0
-    k = np.arange(1, len(v) + 1)
-    rho = np.flatnonzero(u - css / k > 0)[-1]
-    return np.maximum(v - css[rho] / (rho + 1), 0.0)
 
 
 def lambda_step(lam: np.ndarray, losses: dict[int, float], n: int, m: int, lr: float, tau: int, floor: float) -> np.ndarray:

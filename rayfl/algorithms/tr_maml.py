@@ -30,6 +30,7 @@ from rayfl.algorithms.personalized_eval import (
 )
 from rayfl.config import ConfigError, RunConfig
 from rayfl.engine import ClientResult, Federation
+from rayfl.zo.projection import project_simplex_array as project_simplex
 
 
 @dataclass
@@ -54,15 +55,6 @@ class TRMAMLState:
     x: np.ndarray
     p: np.ndarray
 
-
-def project_simplex(v: np.ndarray) -> np.ndarray:
-    """Euclidean projection onto {p >= 0, sum p = 1} (sort-based, Duchi et al. 2008)."""
-    v = np.asarray(v, dtype=np.float64)
-    u = np.sort(v)[::-1]
-    css = np.cumsum(u) - 1.0
-    k = np.arange(1, len(v) + 1)
-    rho = np.nonzero(u - css / k > 0)[0][-1]
-    return np.maximum(v - css[rho] / (rho + 1), 0.0)
 
 
 def tr_maml_step(

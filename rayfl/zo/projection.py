@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
 import torch
 
 from rayfl.config import ConfigError
@@ -114,6 +115,13 @@ def project_simplex(y: torch.Tensor, radius: float = 1.0) -> torch.Tensor:
     rho = (u * k > css).sum(dim=-1, keepdim=True)  # the support size, >= 1
     theta = css.gather(-1, rho - 1) / rho.to(y.dtype)
     return torch.clamp(y - theta, min=0.0)
+
+
+
+def project_simplex_array(v: np.ndarray) -> np.ndarray:
+    """`project_simplex` for a float64 numpy vector: the server-side client weights of DRFA's
+    lambda and TR-MAML's p live on the probability simplex."""
+    return project_simplex(torch.from_numpy(np.asarray(v, dtype=np.float64).copy())).numpy()
 
 
 def moreau_gradient(
