@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from rayfl.algorithms.kernels import CrossEntropyGrad
 from rayfl.engine import ClientContext, Federation
+from rayfl.models.metrics import loss_correct_count
 from rayfl.models.params import functional_logits
 from rayfl.zo.lower_level import minibatch_indices
 
@@ -31,11 +31,9 @@ SPLITS = ("train", "val")
 def _loss_accuracy(ctx: ClientContext, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     """Mean CE and accuracy of the flat vector `w` on (x, y)."""
     with torch.no_grad():
-        logits = functional_logits(ctx.model, w, x)
-        loss = float(F.cross_entropy(logits, y).item())
-        acc = float((logits.argmax(1) == y).double().mean().item())
+        loss_sum, correct, count = loss_correct_count(functional_logits(ctx.model, w, x), y)
     ctx.work.forward(len(y))
-    return loss, acc
+    return loss_sum / max(count, 1), correct / max(count, 1)
 
 
 def adapt(ctx: ClientContext, w: torch.Tensor, steps: int, lr: float, batch_size: int) -> torch.Tensor:

@@ -326,6 +326,7 @@ def personal_eval_client(ctx: ClientContext, theta: np.ndarray, split: SplitSpec
     """Test loss / accuracy of (theta, the client's committed w) on its own test split (a
     client that never trained uses the module's init for w)."""
     from rayfl.algorithms.finetune import NetworkObjective, initial_w
+    from rayfl.models.metrics import loss_correct_count
     from rayfl.models.params import functional_logits
 
     th = to_tensor(theta, ctx, torch.float32)
@@ -335,8 +336,7 @@ def personal_eval_client(ctx: ClientContext, theta: np.ndarray, split: SplitSpec
     if ctx.test_x is None or len(ctx.test_y) == 0:
         return {"n": 0, "loss": 0.0, "accuracy": 0.0}
     with torch.no_grad():
-        logits = functional_logits(ctx.model, obj.flat(th, w), ctx.test_x)
-        loss = float(torch.nn.functional.cross_entropy(logits, ctx.test_y))
-        acc = float((logits.argmax(1) == ctx.test_y).float().mean())
+        loss_sum, correct, count = loss_correct_count(functional_logits(ctx.model, obj.flat(th, w), ctx.test_x), ctx.test_y)
     ctx.work.forward(len(ctx.test_y))
-    return {"n": int(len(ctx.test_y)), "loss": loss, "accuracy": acc}
+    # n = counted targets (a sequence model's real tokens), the weight of this client's mean
+    return {"n": count, "loss": loss_sum / max(count, 1), "accuracy": correct / max(count, 1)}

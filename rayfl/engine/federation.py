@@ -42,6 +42,7 @@ from rayfl.engine.tasks import (
     settle,
 )
 from rayfl.models import build_model
+from rayfl.models.metrics import loss_correct_count
 from rayfl.models.params import get_flat, set_flat
 from rayfl.rng import derive_seed, numpy_rng
 
@@ -666,16 +667,15 @@ def evaluate_arrays(
     batch_size: int = 2048,
     prefix: str = "",
 ) -> dict[str, float]:
-    """Mean cross-entropy and accuracy of `params` on (x, y)."""
+    """Mean cross-entropy and accuracy of `params` on (x, y), per target (padding excluded)."""
     set_flat(model, torch.as_tensor(params))
     model.eval()
-    loss_sum, correct = 0.0, 0
+    loss_sum, correct, count = 0.0, 0, 0
     with torch.no_grad():
         for xb, yb in iterate(x, y, batch_size):
-            logits = model(xb)
-            loss_sum += torch.nn.functional.cross_entropy(logits, yb, reduction="sum").item()
-            correct += int((logits.argmax(1) == yb).sum())
-    n = max(len(y), 1)
+            batch_loss, batch_correct, batch_count = loss_correct_count(model(xb), yb)
+            loss_sum, correct, count = loss_sum + batch_loss, correct + batch_correct, count + batch_count
+    n = max(count, 1)  # targets, not samples: a sequence model is scored per real (non-padding) token
     return {f"{prefix}loss": loss_sum / n, f"{prefix}accuracy": correct / n}
 
 
