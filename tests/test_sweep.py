@@ -158,3 +158,31 @@ def test_asha_stops_poor_trials_and_their_runs_end_cleanly(ray_local, tmp_path: 
         m = manifest(out / "asha" / run_id)
         assert m["status"] == "interrupted" and m["sweep_stopped"]
         assert m["last_round"] < 4 and (out / "asha" / run_id / "checkpoint.pkl").is_file()
+
+
+def test_a_trial_with_a_checkpointed_run_resumes_it(ray_local, tmp_path: Path) -> None:
+    """A trial whose run stopped after a checkpoint (a killed sweep, a retried trial) continues
+    from that checkpoint instead of starting over, and ends with the uninterrupted run's tables."""
+    from test_resume import assert_same_tables, sigterm_after
+
+    import rayfl.results
+    from rayfl.config import load_config
+    from rayfl.engine.federation import RunInterrupted
+    from rayfl.runner import run_experiment
+
+    out = tmp_path / "results"
+    common = [*TINY, f"output.dir={out}", "algorithm.lr=0.1", "run.seed=0"]
+    trial_id = run_id_for({"algorithm.lr": 0.1}, 0)
+    with pytest.raises(RunInterrupted):  # the trial's run, stopped after round 0's checkpoint
+        run_experiment(load_config(DIGITS, [*common, "run.experiment=ckpt", f"run.run_id={trial_id}"]),
+                       on_start=sigterm_after(0))
+    trial_dir = out / "ckpt" / trial_id
+    assert manifest(trial_dir)["status"] == "interrupted"
+
+    outcome = run_sweep(DIGITS, [*TINY, f"output.dir={out}"], ["algorithm.lr=0.1"], seeds="0",
+                        name="ckpt", verbose=0)
+    assert outcome.errors == [] and outcome.statuses == {trial_id: "completed"}
+    m = manifest(trial_dir)
+    assert len(m["resumed_at"]) == 1  # resumed from its checkpoint, not re-run with overwrite
+    whole = run_experiment(load_config(DIGITS, [*common, "run.experiment=whole", "run.run_id=whole"]))
+    assert_same_tables(rayfl.results.load(whole.run_dir), rayfl.results.load(trial_dir))
