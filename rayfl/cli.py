@@ -24,6 +24,7 @@ examples:
   rayfl bench scale --clients 10000           seconds per round and peak memory at scale
   rayfl bench async --clients 1000            stragglers: sync vs deadline vs FedBuff; async speed-up
   rayfl bench zo                              wall time of a ZO-HFL round vs FedAvg rounds (offline MNIST)
+  rayfl bench fedavg-mlp                      rayfl (vectorised / loop, 1 and 2 hosts) vs a plain PyTorch loop
 
 algorithms (algorithm.name; `rayfl validate --set algorithm.name=X` prints X's options):
   first order     fedavg fedprox scaffold fedasync fedbuff
@@ -124,6 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
     zo.add_argument("--source", default="test_only", choices=["test_only", "full"], help="MNIST: the offline subset or all")
     zo.add_argument("--data-dir", default=None, help="where the MNIST files are (default: the job's ../shared/data)")
     zo.add_argument("--out", default="bench/zo.json")
+    for workload in ("fedavg-mlp", "fedavg-linear"):
+        fa = bsub.add_parser(workload, help=f"{workload}: rayfl vs a plain PyTorch loop doing the same client work "
+                             "(1,000 clients x 60 samples, 100 per round)")
+        fa.add_argument("--rounds", type=int, default=12, help="rounds per run (round 0 and the last are not timed)")
+        fa.add_argument("--hosts", type=_int_list, default=[1, 2], help="engine.num_hosts values, e.g. 1,2")
+        fa.add_argument("--vectorize", type=_vectorize_list, default=["on", "off"], help="engine.vectorize values: on,off")
+        fa.add_argument("--loop-threads", type=int, default=1, help="torch threads of the reference loop (0: torch's default)")
+        fa.add_argument("--out", default=f"bench/{workload}.json")
     return p
 
 
@@ -257,18 +266,39 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _vectorize_list(text: str) -> list[str]:
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    if not values or any(v not in ("auto", "on", "off") for v in values):
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of auto, on, off; got {text!r}")
+    return values
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     result: dict[str, Any]
     if args.bench == "scale":
-        from rayfl.bench import run_scale_bench
+        from rayfl.bench.scale import run_scale_bench
 
         result = run_scale_bench(args.clients, args.per_round, args.rounds, Path(args.out))
     elif args.bench == "zo":
-        from rayfl.bench_zo import run_zo_bench
+        from rayfl.bench.zo import run_zo_bench
 
         result = run_zo_bench(args.rounds, Path(args.out), args.source, args.data_dir)
+    elif args.bench in ("fedavg-mlp", "fedavg-linear"):
+        from rayfl.bench.fedavg import run_fedavg_bench
+
+        result = run_fedavg_bench(args.bench, args.rounds, Path(args.out), args.hosts, args.vectorize, args.loop_threads or None)
     else:
-        from rayfl.bench_async import run_async_bench
+        from rayfl.bench.asynchronous import run_async_bench
 
         result = run_async_bench(args.clients, args.target, args.rounds, args.updates, Path(args.out))
     print(json.dumps(result, indent=2))

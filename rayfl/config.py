@@ -312,8 +312,13 @@ class EngineConfig:
     # Fault injection for soak tests: kill a seeded-random host after every this many launched
     # client tasks (0: never).
     kill_host_every: int = 0
+    # Run a host's clients of one call as one batch (rayfl.engine.vectorized) where the
+    # algorithm offers a batched client function: `auto` for >= 2 clients, `on` always, `off`
+    # never (the plain loop; results differ from vectorised ones only to float32 tolerance).
+    vectorize: Literal["auto", "on", "off"] = "off"
 
     def validate(self) -> None:
+        _choice("engine.vectorize", self.vectorize, ("auto", "on", "off"))
         if self.num_hosts is not None:
             _positive("engine.num_hosts", self.num_hosts)
         if self.clients_per_host != "auto":
@@ -657,6 +662,8 @@ def coerce(key: str, value: Any, hint: Any) -> Any:
             return None
         raise ConfigError(key, "expected null")
     if origin is Literal:
+        if isinstance(value, bool) and ("on" if value else "off") in get_args(hint):
+            return "on" if value else "off"  # YAML 1.1 reads a bare on / off as a boolean
         if value in get_args(hint):
             return value
         raise ConfigError(key, f"got {value!r}; allowed values are {list(get_args(hint))}")

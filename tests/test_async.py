@@ -212,7 +212,7 @@ def test_stragglers_jobs_validate():
 
 @pytest.mark.slow
 def test_bench_async_writes_its_summary(ray_local, tmp_path):
-    from rayfl.bench_async import run_async_bench
+    from rayfl.bench.asynchronous import run_async_bench
 
     out = tmp_path / "bench" / "async.json"
     summary = run_async_bench(clients=40, target=0.3, rounds=4, updates=40, out=out)

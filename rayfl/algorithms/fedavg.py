@@ -18,10 +18,11 @@ import numpy as np
 import torch
 
 from rayfl.algorithms.base import eval_due
-from rayfl.algorithms.local import LocalSchedule, local_sgd, lr_sum
+from rayfl.algorithms.local import LocalSchedule, local_sgd, local_sgd_batched, lr_sum
 from rayfl.algorithms.server_client import ServerClient
 from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
 from rayfl.engine import ClientContext, ClientResult, Federation
+from rayfl.engine.vectorized import batched, per_client, stack_vectors
 from rayfl.zo.schedules import StepsSchedule, check_budget_fields, local_steps
 
 
@@ -131,6 +132,48 @@ def scaffold_client(
     c_new = c_i - c + (x - y) / lr_sum(lr, schedule, steps)
     ctx.state["control"] = c_new
     return {"delta": y - x, "delta_control": c_new - c_i, "loss": loss}
+
+
+@batched(fedavg_client)
+def fedavg_clients(ctxs: list[ClientContext], kwargs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """`fedavg_client` for a host's batch of clients at once (rayfl.engine.vectorized)."""
+    device = ctxs[0].device
+    x = stack_vectors(per_client(kwargs, "params"), device)
+    out = local_sgd_batched(
+        ctxs, x, per_client(kwargs, "lr"), per_client(kwargs, "schedule"),
+        weight_decay=per_client(kwargs, "weight_decay", 0.0), prox_mu=per_client(kwargs, "prox_mu", 0.0), prox_centers=x,
+    )
+    if out is None:
+        return None
+    y, losses = out
+    delta = y - x
+    return [{"delta": delta[j], "loss": losses[j]} for j in range(len(ctxs))]
+
+
+@batched(scaffold_client)
+def scaffold_clients(ctxs: list[ClientContext], kwargs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """`scaffold_client` for a host's batch of clients at once; each c_i stays in its state."""
+    device = ctxs[0].device
+    x = stack_vectors(per_client(kwargs, "params"), device)
+    c = stack_vectors(per_client(kwargs, "control"), device)
+    c_i = torch.stack([
+        torch.zeros_like(x[0]) if ctx.state.get("control") is None else ctx.state["control"].to(device) for ctx in ctxs
+    ])
+    schedules, lrs = per_client(kwargs, "schedule"), per_client(kwargs, "lr")
+    out = local_sgd_batched(ctxs, x, lrs, schedules, weight_decay=per_client(kwargs, "weight_decay", 0.0), corrections=c - c_i)
+    if out is None:
+        return None
+    y, losses = out
+    results = []
+    for j, ctx in enumerate(ctxs):
+        steps = ctx.work.steps
+        if steps == 0:
+            results.append({"delta": torch.zeros_like(x[j]), "delta_control": torch.zeros_like(x[j]), "loss": losses[j]})
+            continue
+        c_new = c_i[j] - c[j] + (x[j] - y[j]) / lr_sum(lrs[j], schedules[j], steps)
+        ctx.state["control"] = c_new
+        results.append({"delta": y[j] - x[j], "delta_control": c_new - c_i[j], "loss": losses[j]})
+    return results
 
 
 # ---------------------------------------------------------------- server loops

@@ -163,6 +163,7 @@ class Federation:
         return actor.remote(
             h, self._arrays_ref, train, test, self.cfg.model, tuple(ds.input_shape), ds.num_classes, self.seed,
             self.cfg.engine.torch_threads, self.cfg.engine.device, self.forward_flops, self.cfg.system.backward_cost,
+            vectorize=self.cfg.engine.vectorize,
         )
 
     def shutdown(self) -> None:

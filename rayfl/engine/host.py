@@ -24,6 +24,7 @@ import torch
 from rayfl.config import ModelConfig
 from rayfl.engine.context import ClientContext
 from rayfl.engine.payload import payload_nbytes, to_numpy_tree
+from rayfl.engine.vectorized import BatchedFn, use_batched
 from rayfl.models import build_model
 
 ClientFn = Callable[..., dict]
@@ -46,8 +47,10 @@ class ClientHostImpl:
         device: str = "auto",
         flops_per_sample: float = 0.0,
         backward_cost: float = 3.0,
+        vectorize: str = "off",
     ):
         torch.set_num_threads(torch_threads)
+        self.vectorize = vectorize  # engine.vectorize: run opted-in algorithms' clients as one batch
         self.host_id = host_id
         self.arrays = arrays
         self.client_train = dict(client_train)
@@ -74,7 +77,8 @@ class ClientHostImpl:
         task_ids: Mapping[int, int] | None = None,
         settle: Mapping[int, bool] | None = None,
     ) -> list[dict[str, Any]]:
-        """Run `fn` for each client in `client_ids` (one after another, in id order) and return
+        """Run `fn` for each client in `client_ids` (one after another, in id order, or as one
+        batch through its registered twin under `engine.vectorize`) and return
         one record per client: the function's output plus the work it did and bytes it sends.
         `budgets` caps a client's FLOPs (a deadline with partial work).
 
@@ -83,40 +87,89 @@ class ClientHostImpl:
         `settle` (task id -> accepted) applies the driver's earlier decisions first."""
         if settle:
             self.settle(settle)
-        records = []
-        for cid in sorted(client_ids):
+        order = sorted(client_ids)
+        for cid in order:
             if cid not in self.client_train:
                 raise KeyError(f"host {self.host_id} does not host client {cid}")
-            state = copy_state(self.states[cid])
-            ctx = self._context(cid, round, state)
-            if budgets is not None and cid in budgets:
-                ctx.work.budget_flops = budgets[cid]
-            extra = dict(per_client.get(cid, {})) if per_client else {}
+        twin = use_batched(self.vectorize, fn, len(order))
+        if twin is not None:
+            records = self._run_batched(twin, order, round, broadcast, per_client, budgets, task_ids)
+            if records is not None:
+                return records
+        records = []
+        for cid in order:
+            state, ctx, extra = self._prepare(cid, round, per_client, budgets)
             out = fn(ctx, **broadcast, **extra)
-            if not isinstance(out, Mapping):
-                raise TypeError(f"client function {getattr(fn, '__name__', fn)} must return a dict")
-            values = to_numpy_tree(dict(out))
-            changed = not same_state(state, self.states[cid])
-            if task_ids is None:
-                self.states[cid] = state
-            elif changed:
-                self.staged[task_ids[cid]] = (cid, state)
-            records.append(
-                {
-                    "client": cid,
-                    "host": self.host_id,
-                    "values": values,
-                    "num_samples": ctx.num_samples,
-                    "forward_samples": ctx.work.forward_samples,
-                    "backward_samples": ctx.work.backward_samples,
-                    "local_steps": ctx.work.steps,
-                    "truncated": ctx.work.truncated,
-                    "bytes_up": payload_nbytes(values),
-                    "bytes_down": payload_nbytes(broadcast) + payload_nbytes(extra),
-                    "state_changed": changed,
-                }
-            )
+            records.append(self._record(fn, cid, ctx, state, out, broadcast, extra, task_ids))
         return records
+
+    def _prepare(
+        self, cid: int, round: int, per_client: Mapping[int, Mapping[str, Any]] | None, budgets: Mapping[int, float] | None
+    ) -> tuple[dict[str, Any], ClientContext, dict[str, Any]]:
+        """A task's private state copy, its context (with its work budget) and its own payload."""
+        state = copy_state(self.states[cid])
+        ctx = self._context(cid, round, state)
+        if budgets is not None and cid in budgets:
+            ctx.work.budget_flops = budgets[cid]
+        extra = dict(per_client.get(cid, {})) if per_client else {}
+        return state, ctx, extra
+
+    def _run_batched(
+        self,
+        twin: BatchedFn,
+        order: list[int],
+        round: int,
+        broadcast: Mapping[str, Any],
+        per_client: Mapping[int, Mapping[str, Any]] | None,
+        budgets: Mapping[int, float] | None,
+        task_ids: Mapping[int, int] | None,
+    ) -> list[dict[str, Any]] | None:
+        """All of `order`'s tasks through the algorithm's batched twin (rayfl.engine.vectorized);
+        None when the twin declines this batch (the caller then loops, on fresh contexts)."""
+        prepared = [self._prepare(cid, round, per_client, budgets) for cid in order]
+        outs = twin([ctx for _, ctx, _ in prepared], [{**broadcast, **extra} for _, _, extra in prepared])
+        if outs is None:
+            return None
+        if len(outs) != len(order):
+            raise ValueError(f"batched client function {getattr(twin, '__name__', twin)} returned {len(outs)} results for {len(order)} clients")
+        return [
+            self._record(twin, cid, ctx, state, out, broadcast, extra, task_ids)
+            for cid, (state, ctx, extra), out in zip(order, prepared, outs, strict=True)
+        ]
+
+    def _record(
+        self,
+        fn: Callable[..., Any],
+        cid: int,
+        ctx: ClientContext,
+        state: dict[str, Any],
+        out: Any,
+        broadcast: Mapping[str, Any],
+        extra: Mapping[str, Any],
+        task_ids: Mapping[int, int] | None,
+    ) -> dict[str, Any]:
+        """Stage (or commit) the task's state and describe what it did and sends."""
+        if not isinstance(out, Mapping):
+            raise TypeError(f"client function {getattr(fn, '__name__', fn)} must return a dict")
+        values = to_numpy_tree(dict(out))
+        changed = not same_state(state, self.states[cid])
+        if task_ids is None:
+            self.states[cid] = state
+        elif changed:
+            self.staged[task_ids[cid]] = (cid, state)
+        return {
+            "client": cid,
+            "host": self.host_id,
+            "values": values,
+            "num_samples": ctx.num_samples,
+            "forward_samples": ctx.work.forward_samples,
+            "backward_samples": ctx.work.backward_samples,
+            "local_steps": ctx.work.steps,
+            "truncated": ctx.work.truncated,
+            "bytes_up": payload_nbytes(values),
+            "bytes_down": payload_nbytes(broadcast) + payload_nbytes(extra),
+            "state_changed": changed,
+        }
 
     def settle(self, decisions: Mapping[int, bool]) -> None:
         """Commit (True) or discard (False) the staged state of finished tasks. A task settled

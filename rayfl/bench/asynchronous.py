@@ -8,12 +8,12 @@ Writes a JSON summary and a Parquet table of the runs."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
+
+from rayfl.bench.common import write_result
 
 COMMON = [
     "data.dataset=synthetic",
@@ -87,13 +87,5 @@ def run_async_bench(clients: int, target: float, rounds: int, updates: int, out:
     for name in ("deadline", "fedbuff"):
         t = summary["policies"][name]["sim_seconds_to_target"]
         summary["policies"][name]["speedup_vs_sync"] = None if (t is None or sync_t is None) else round(sync_t / t, 3)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(summary, indent=2, default=_jsonable))
-    pd.DataFrame(rows).to_parquet(out.with_suffix(".parquet"))
+    write_result(out, summary, rows)
     return summary
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, np.generic):
-        return v.item()
-    raise TypeError(type(v))

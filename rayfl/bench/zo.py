@@ -17,12 +17,13 @@ other work (other processes only ever add time), and `meets_1.5x` is judged on i
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from rayfl.bench.common import round_seconds, steady, write_result
 
 MEAN_H_TAU20_R500 = 299  # 149,507 / 500
 
@@ -33,19 +34,16 @@ VARIANTS = {
 }
 
 
-def round_seconds(run_dir: str | Path) -> np.ndarray:
-    """Wall seconds of each round but the first and the last."""
-    from rayfl.results import load
-
-    wall = load(run_dir).rounds.sort_values("round")["wall_time"].to_numpy()
-    return np.diff(wall)[:-1]  # diff[k] = round k+1; drop the last (it evaluates)
+def timed_round_seconds(run_dir: str | Path) -> np.ndarray:
+    """Wall seconds of each round but the first (warm-up) and the last (it evaluates)."""
+    return steady(round_seconds(run_dir), skip_first=1, skip_last=1)
 
 
 def run_zo_bench(rounds: int, out: Path, source: str = "test_only", data_dir: str | None = None) -> dict[str, Any]:
     from rayfl.config import load_config
     from rayfl.runner import run_experiment
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     results_dir = out.parent / "results"
     stamp = time.strftime("%Y%m%d-%H%M%S")  # a second bench next to the first never collides
     summary: dict[str, Any] = {"clients": 10, "participation": 1.0, "rounds_timed": max(rounds - 2, 1), "scenarios": {}}
@@ -66,7 +64,7 @@ def run_zo_bench(rounds: int, out: Path, source: str = "test_only", data_dir: st
                 "run.experiment=bench_zo", f"run.run_id={scenario}-{name}-{stamp}",
             ]
             outcome = run_experiment(load_config(job, overrides))
-            per_round = round_seconds(outcome.run_dir)
+            per_round = timed_round_seconds(outcome.run_dir)
             seconds[name], fastest[name] = float(np.median(per_round)), float(np.min(per_round))
         summary["scenarios"][scenario] = {
             "seconds_per_round_median": {k: round(v, 4) for k, v in seconds.items()},
@@ -77,6 +75,5 @@ def run_zo_bench(rounds: int, out: Path, source: str = "test_only", data_dir: st
             "zo_over_fedavg_same_schedule_min": round(fastest["zo_hfl"] / fastest["fedavg_H"], 3),
         }
     summary["meets_1.5x"] = all(s["zo_over_fedavg_same_gradient_steps_min"] <= 1.5 for s in summary["scenarios"].values())
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(summary, indent=2))
+    write_result(out, summary)
     return summary

@@ -1,0 +1,88 @@
+"""What every benchmark shares: peak memory, per-round wall seconds from a run's `rounds`
+table, and writing a JSON summary next to a Parquet table of its rows."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+
+class PeakMemory:
+    """Peak summed RSS of this process and all its descendants (the driver plus the Ray
+    processes it started: GCS, raylet, object store, ClientHost actors), sampled every
+    `interval` seconds."""
+
+    def __init__(self, interval: float = 0.25):
+        import psutil
+
+        self.proc = psutil.Process()
+        self.interval = interval
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _sample(self) -> int:
+        import psutil
+
+        total = 0
+        for p in [self.proc, *self.proc.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):  # a process may end between listing and reading
+                total += p.memory_info().rss
+        return total
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._sample())
+            self._stop.wait(self.interval)
+
+    @property
+    def peak_mb(self) -> float:
+        return round(self.peak / 2**20, 1)
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._sample())
+
+
+def round_seconds(run_dir: str | Path) -> np.ndarray:
+    """Wall seconds of every round of a run (round 0 includes the hosts' warm-up)."""
+    from rayfl.results import load
+
+    wall = load(run_dir).rounds.sort_values("round")["wall_time"].to_numpy()
+    return np.diff(np.concatenate([[0.0], wall]))
+
+
+def steady(per_round: Sequence[float], skip_first: int = 1, skip_last: int = 0) -> np.ndarray:
+    """The rounds a benchmark times: without the first `skip_first` (warm-up) and the last
+    `skip_last` (e.g. a final evaluation); all of them when too few remain."""
+    arr = np.asarray(per_round, dtype=np.float64)
+    kept = arr[skip_first : len(arr) - skip_last]
+    return kept if len(kept) else arr
+
+
+def write_result(out: Path, summary: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> None:
+    """`out` (JSON) and, with rows, `out` with suffix .parquet (one row per measured run)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=2, default=jsonable))
+    if rows is not None:
+        pd.DataFrame(rows).to_parquet(out.with_suffix(".parquet"))
+
+
+def jsonable(v: Any) -> Any:
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    raise TypeError(type(v))

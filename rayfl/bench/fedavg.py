@@ -1,0 +1,163 @@
+"""`rayfl bench fedavg-mlp` / `fedavg-linear`: rayfl against a plain PyTorch loop.
+
+The workload of issue 13: 1,000 clients x 60 training samples, 100 sampled per round, one local
+epoch of batch 10 at lr 0.05, an MLP 784-200-10 (`fedavg-mlp`) or the linear softmax model
+(`fedavg-linear`). The data are synthetic (Synthetic-IID, 784 features, 10 classes: shaped like
+MNIST, generated offline from the seed), so the benchmark needs no download.
+
+One invocation runs the reference loop (`rayfl.bench.reference`) and rayfl under each requested
+(engine.vectorize, engine.num_hosts), checks that every rayfl run samples the loop's clients and
+reaches the loop's model to tolerance (max abs difference of the flat parameters, reported), and
+writes a JSON summary and a Parquet row per run: seconds per round (median over rounds 1..R-2:
+round 0 holds the hosts' warm-up and the last round rayfl's final evaluation), client updates
+per second, peak memory, and the ratio rayfl / loop of seconds per round."""
+
+from __future__ import annotations
+
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rayfl.bench.common import PeakMemory, round_seconds, steady, write_result
+from rayfl.bench.reference import run_reference_loop
+
+WORKLOADS = {
+    "fedavg-mlp": ["model.name=mlp", "model.hidden=[200]"],
+    "fedavg-linear": ["model.name=linear"],
+}
+COMMON = [
+    # 75 samples per client, 15 of them held out: 60 training samples each
+    "data.dataset=synthetic", "data.synthetic_iid=true", "data.synthetic_features=784", "data.synthetic_classes=10",
+    "data.synthetic_size_mu=0.0", "data.synthetic_size_sigma=0.0", "data.synthetic_min_samples=75",
+    "data.synthetic_max_samples=75", "data.test_fraction=0.2",
+    "partition.method=natural", "partition.num_clients=1000",
+    "algorithm.name=fedavg", "algorithm.clients_per_round=100", "algorithm.local_epochs=1",
+    "algorithm.batch_size=10", "algorithm.lr=0.05", "output.log_clients=true",
+]
+TOLERANCE = 1e-4  # max abs parameter difference after the run (float32 reduction order)
+
+
+def workload_config(workload: str, rounds: int, *extra: str) -> Any:
+    from rayfl.config import load_config
+
+    if workload not in WORKLOADS:
+        raise ValueError(f"unknown workload {workload!r}; choose one of {sorted(WORKLOADS)}")
+    return load_config(None, [*COMMON, *WORKLOADS[workload], f"run.rounds={rounds}", f"run.eval_every={rounds}", *extra])
+
+
+def run_fedavg_bench(
+    workload: str, rounds: int, out: Path, hosts: list[int] | None = None, vectorize: list[str] | None = None,
+    loop_threads: int | None = 1,
+) -> dict[str, Any]:
+    """Time the loop and every (vectorize, hosts) variant of rayfl; see the module doc."""
+    from rayfl.data import build_federated_dataset
+
+    if rounds < 3:
+        raise ValueError("--rounds must be >= 3 (round 0 and the last round are not timed)")
+    hosts, vectorize = hosts or [1, 2], vectorize or ["on", "off"]
+    results_dir = out.parent / "results"
+    cfg = workload_config(workload, rounds)
+    t0 = time.perf_counter()
+    dataset = build_federated_dataset(cfg.data, cfg.partition, cfg.run.seed)
+    data_seconds = time.perf_counter() - t0
+    started = _start_ray(cfg)  # once, before any timing: every variant then finds it running
+    try:
+        with PeakMemory() as mem:
+            loop = run_reference_loop(cfg, dataset, rounds, loop_threads)
+        loop_s = float(np.median(steady(loop.round_seconds, 1, 1)))
+        per_round = cfg.algorithm.clients_per_round
+        rows = [{"workload": workload, "runner": "loop", "vectorize": None, "num_hosts": None,
+                 "seconds_per_round": loop_s, "client_updates_per_second": per_round / loop_s,
+                 "peak_rss_mb": mem.peak_mb, "ratio_to_loop": 1.0, "max_abs_diff": 0.0, "same_clients": True,
+                 "round_seconds": [round(s, 4) for s in loop.round_seconds]}]
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for vec in vectorize:
+            for h in hosts:
+                # the loop again right before each variant: a ratio of two back-to-back timings
+                # survives a machine whose load changes over minutes
+                again = run_reference_loop(cfg, dataset, rounds, loop_threads)
+                name = f"vectorize-{vec}-{h}h"
+                run_cfg = workload_config(workload, rounds, f"engine.vectorize={vec}", f"engine.num_hosts={h}",
+                                          f"output.dir={results_dir}", f"run.experiment=bench_{workload}",
+                                          f"run.run_id={name}-{stamp}")
+                rows.append(_rayfl_row(workload, run_cfg, dataset, loop, float(np.median(steady(again.round_seconds, 1, 1))),
+                                       vec, h))
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+    summary = {
+        "workload": workload,
+        "data": "synthetic IID, 784 features, 10 classes (shaped like MNIST, generated offline); "
+                "1,000 clients x 60 training samples",
+        "model": "MLP 784-200-10" if workload == "fedavg-mlp" else "linear 784-10",
+        "clients_per_round": per_round, "local_epochs": 1, "batch_size": 10, "lr": 0.05, "rounds": rounds,
+        "timed_rounds": f"1..{rounds - 2} (median; round 0 is warm-up, round {rounds - 1} evaluates)",
+        "data_seconds": round(data_seconds, 3),
+        "machine": {"cpus": _cpus(), "platform": platform.platform(), "torch": torch.__version__,
+                    "loop_torch_threads": loop_threads or torch.get_num_threads(),
+                    "host_torch_threads": cfg.engine.torch_threads, "load_average": _load()},
+        "tolerance": TOLERANCE,
+        "loop": {k: rows[0][k] for k in ("seconds_per_round", "client_updates_per_second", "peak_rss_mb")},
+        "runs": {f"vectorize-{r['vectorize']}-{r['num_hosts']}h": {k: v for k, v in r.items()
+                 if k not in ("workload", "runner", "round_seconds")} for r in rows[1:]},
+        "ratios_rayfl_over_loop": {f"vectorize-{r['vectorize']}-{r['num_hosts']}h": r["ratio_to_loop"] for r in rows[1:]},
+        "all_same_model": all(r["max_abs_diff"] <= TOLERANCE and r["same_clients"] for r in rows[1:]),
+    }
+    write_result(out, summary, rows)
+    return summary
+
+
+def _start_ray(cfg: Any) -> bool:
+    """Start (or join) Ray, retrying once: a busy machine may time its first start out."""
+    from rayfl.runner import init_ray
+
+    try:
+        return init_ray(cfg)
+    except Exception:
+        import ray
+
+        ray.shutdown()
+        return init_ray(cfg)
+
+
+def _rayfl_row(workload: str, cfg: Any, dataset: Any, loop: Any, loop_s: float, vec: str, hosts: int) -> dict[str, Any]:
+    """One rayfl run; `loop` gives the reference model and clients, `loop_s` the loop's
+    seconds per round measured right before this run."""
+    from rayfl.results import load
+    from rayfl.runner import run_experiment
+
+    feds: list[Any] = []
+    with PeakMemory() as mem:
+        outcome = run_experiment(cfg, dataset=dataset, on_start=lambda _dir, fed: feds.append(fed))
+    final = np.asarray(feds[0].server_state.x)
+    clients = load(outcome.run_dir).clients
+    sampled = {int(r): sorted(int(c) for c in g["client"]) for r, g in clients.groupby("round")}
+    seconds = round_seconds(outcome.run_dir)
+    s = float(np.median(steady(seconds, 1, 1)))
+    per_round = cfg.algorithm.clients_per_round
+    return {"workload": workload, "runner": "rayfl", "vectorize": vec, "num_hosts": hosts,
+            "seconds_per_round": s, "client_updates_per_second": per_round / s, "peak_rss_mb": mem.peak_mb,
+            "loop_seconds_per_round": loop_s, "ratio_to_loop": s / loop_s, "max_abs_diff": float(np.max(np.abs(final - loop.final))),
+            "same_clients": sampled == loop.sampled, "round_seconds": [round(float(v), 4) for v in seconds],
+            "run_dir": str(outcome.run_dir)}
+
+
+def _cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 0)
+
+
+def _load() -> list[float] | None:
+    import os
+
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None

@@ -1,0 +1,87 @@
+"""The reference every rayfl workload is timed against: a plain single-process PyTorch FedAvg
+loop, the few lines a researcher would write by hand (an `nn.Module`, `torch.optim.SGD`,
+`loss.backward()`, clients one after another), doing exactly rayfl's client work.
+
+"Exactly" means: the clients rayfl samples (the same seeded draw, `Federation.sample`), each
+client's minibatches in the order its seeded stream gives them (`ClientContext.batches`), the
+same initial model (`Federation.initial_params`), lr, epochs and batch size, and the same
+sample-weighted float64 average. Both must reach the same model to float32 tolerance; that is
+what makes the timing comparison fair."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from rayfl.config import Config
+from rayfl.data import FederatedDataset
+from rayfl.models import build_model
+from rayfl.models.params import get_flat, set_flat
+from rayfl.rng import derive_seed, numpy_rng
+from rayfl.zo.lower_level import epoch_indices
+
+
+@dataclass
+class LoopResult:
+    final: np.ndarray  # the global model after the last round
+    round_seconds: list[float]  # wall seconds of each round
+    sampled: dict[int, list[int]]  # the clients of each round
+
+
+def initial_params(cfg: Config, dataset: FederatedDataset) -> np.ndarray:
+    """The initial model as `Federation.initial_params` draws it (a torch seed from the run seed)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(cfg.run.seed, "model.init"))
+        model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+    return get_flat(model).numpy()
+
+
+def sample_clients(seed: int, round: int, sizes: np.ndarray, k: int) -> list[int]:
+    """`Federation.sample(round, k)` with every client always online."""
+    candidates = np.flatnonzero(sizes > 0).astype(np.int64)
+    rng = numpy_rng(seed, "sample", round)
+    return sorted(int(c) for c in rng.choice(candidates, size=min(k, len(candidates)), replace=False))
+
+
+def run_reference_loop(cfg: Config, dataset: FederatedDataset, rounds: int, threads: int | None = 1) -> LoopResult:
+    """FedAvg (server_lr 1, sample weights) for `rounds` rounds, one client after another,
+    on `threads` torch threads (None: torch's default, one per core). One thread is the fair
+    default: rayfl's hosts run one each (engine.torch_threads), and on a shared machine
+    torch's spinning OpenMP workers make a multi-threaded loop of tiny steps far slower."""
+    if threads is not None:
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return run_reference_loop(cfg, dataset, rounds, None)
+        finally:
+            torch.set_num_threads(previous)
+    alg = cfg.algorithm
+    assert alg.local_epochs is not None and alg.local_steps is None, "the reference loop runs local epochs"
+    seed = cfg.run.seed
+    sizes = np.array([len(ix) for ix in dataset.client_train], dtype=np.int64)
+    model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+    opt = torch.optim.SGD(model.parameters(), lr=alg.lr)
+    x = torch.from_numpy(initial_params(cfg, dataset))
+    seconds, sampled = [], {}
+    for r in range(rounds):
+        t0 = time.perf_counter()
+        ids = sample_clients(seed, r, sizes, alg.clients_per_round)
+        weights = sizes[ids] / sizes[ids].sum()
+        acc = torch.zeros(x.shape, dtype=torch.float64)
+        for c, w in zip(ids, weights, strict=True):
+            rows = dataset.client_train[c]
+            cx, cy = torch.from_numpy(dataset.train_x[rows]), torch.from_numpy(dataset.train_y[rows])
+            set_flat(model, x)
+            for idx in epoch_indices(numpy_rng(seed, "batches", r, c), len(rows), alg.batch_size, alg.local_epochs):
+                opt.zero_grad(set_to_none=True)
+                F.cross_entropy(model(cx[idx]), cy[idx]).backward()
+                opt.step()
+            acc += w * (get_flat(model) - x).double()
+        x = (x.double() + acc).float()
+        seconds.append(time.perf_counter() - t0)
+        sampled[r] = ids
+    return LoopResult(x.numpy(), seconds, sampled)

@@ -1,0 +1,168 @@
+"""Vectorised client execution: a host runs a batch of clients of one model at once.
+
+Clients of a round run the same arithmetic on different data, so K small minibatch steps can be
+one batched step over stacked parameters [K, d]: hand-written batched matmuls for rayfl's MLP and
+linear models (`rayfl.algorithms.local.BatchedMLPGrad`), torch.func.vmap over `functional_call`
+for any other model. Python and op-dispatch overhead is then paid once per step, not K times.
+
+An algorithm opts in by registering a batched twin of its client function:
+
+    @batched(fedavg_client)
+    def fedavg_clients(ctxs, kwargs) -> list[dict] | None: ...
+
+The twin receives every client's `ClientContext` (data, state, RNG streams, work meter) and its
+full keyword arguments (broadcast merged with the per-client payload) and returns one output per
+client, exactly what the loop function would have returned, to float32 reduction-order
+tolerance. It returns None when this batch does not allow it (a model with batch statistics,
+mixed schedules it cannot pad); the host then runs the plain loop. `engine.vectorize` switches
+it: `off` always loops, `auto` vectorises where a twin exists and the host has >= 2 clients in
+the call, `on` also for a single client (what tests use to compare one client both ways).
+
+Equal-length minibatch streams: each client's minibatches are drawn from its own seeded stream
+(the same indices, in the same order, as the loop) and charged to its own work meter before any
+compute (a deadline's work budget truncates them exactly as in the loop). Batches are padded to
+the schedule's batch size and steps to the longest client; padded rows carry mask 0 and a
+client's steps past its own count are skipped (its parameters do not move), so every client
+takes exactly its steps on exactly its minibatches. Padding to the configured batch size, not
+to the batch's largest client, keeps each client's arithmetic independent of which clients
+share its host, so 1 and 2 hosts agree."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from rayfl.engine.context import ClientContext
+from rayfl.zo.lower_level import epoch_indices, minibatch_indices
+
+VECTORIZE_MODES = ("auto", "on", "off")
+
+BatchedFn = Callable[[list[ClientContext], list[dict[str, Any]]], list[dict[str, Any]] | None]
+_ATTR = "__rayfl_batched__"
+
+
+def batched(loop_fn: Callable[..., dict]) -> Callable[[BatchedFn], BatchedFn]:
+    """Register the decorated function as `loop_fn`'s batched twin. The link is an attribute
+    of the module-level loop function, so it travels with it to Ray hosts by reference."""
+
+    def register(batch_fn: BatchedFn) -> BatchedFn:
+        setattr(loop_fn, _ATTR, batch_fn)
+        return batch_fn
+
+    return register
+
+
+def batched_version(fn: Callable[..., Any]) -> BatchedFn | None:
+    """The batched twin registered for `fn`, if any."""
+    return getattr(fn, _ATTR, None)
+
+
+def use_batched(mode: str, fn: Callable[..., Any], num_clients: int) -> BatchedFn | None:
+    """The twin to run for `num_clients` clients of one host call under `engine.vectorize`."""
+    if mode == "off":
+        return None
+    twin = batched_version(fn)
+    if twin is None or num_clients < (1 if mode == "on" else 2):
+        return None
+    return twin
+
+
+def maskable(model: nn.Module) -> bool:
+    """Whether padded rows cannot change real rows' outputs: no batch statistics (BatchNorm
+    normalises over the minibatch, so zero padding would shift it)."""
+    return not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def planned_batches(ctx: ClientContext, batch_size: int, epochs: int | None, steps: int | None) -> list[torch.Tensor]:
+    """The index minibatches the loop's `ctx.batches(...)` would yield for this client (same
+    stream, same order), each charged to the work meter; stops where the loop would stop
+    (a deadline's work budget)."""
+    n = ctx.num_samples
+    if n == 0:
+        return []
+    rng = ctx.rng("batches")
+    if epochs is not None:
+        candidates: Sequence[torch.Tensor] = epoch_indices(rng, n, batch_size, epochs)
+    else:
+        candidates = minibatch_indices(rng, n, batch_size, steps or 0)
+    out = []
+    for idx in candidates:
+        if not ctx.work.affords_step(len(idx)):
+            break
+        ctx.work.gradient_step(len(idx))
+        out.append(idx)
+    return out
+
+
+@dataclass
+class StackedBatches:
+    """K clients' minibatch streams as padded tensors.
+
+    `x` [T, K, B, ...] and `y` [T, K, B] the minibatches, `mask` [T, K, B] 1 for real rows,
+    `active` [T, K] 1 where client k takes step t; T is the longest client's step count and B
+    the padded width."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    mask: torch.Tensor
+    active: torch.Tensor
+
+    @property
+    def steps(self) -> int:
+        return int(self.x.shape[0])
+
+
+def stack_batches(ctxs: Sequence[ClientContext], plans: Sequence[list[torch.Tensor]], width: int) -> StackedBatches:
+    """Gather every client's planned minibatches into padded [T, K, width, ...] tensors."""
+    k = len(ctxs)
+    t_max = max((len(p) for p in plans), default=0)
+    width = max([width, *(len(i) for p in plans for i in p)])
+    ref = ctxs[0]
+    idx = torch.zeros((t_max, k, width), dtype=torch.int64)
+    mask = torch.zeros((t_max, k, width), dtype=ref.x.dtype)
+    n_max = max(1, max(c.num_samples for c in ctxs))
+    data_x = torch.zeros((k, n_max, *ref.x.shape[1:]), dtype=ref.x.dtype, device=ref.x.device)
+    data_y = torch.zeros((k, n_max), dtype=ref.y.dtype, device=ref.y.device)
+    full = all(len(rows) == width for plan in plans for rows in plan)
+    for j, (ctx, plan) in enumerate(zip(ctxs, plans, strict=True)):
+        n = ctx.num_samples
+        if n:
+            data_x[j, :n] = ctx.x
+            data_y[j, :n] = ctx.y
+        if full and plan:  # every minibatch full: one copy per client
+            idx[: len(plan), j] = torch.stack(plan)
+            mask[: len(plan), j] = 1
+            continue
+        for t, rows in enumerate(plan):
+            idx[t, j, : len(rows)] = rows
+            mask[t, j, : len(rows)] = 1
+    active = (mask.sum(dim=2) > 0).to(ref.x.dtype)
+    rows = torch.arange(k)[None, :, None]
+    idx, mask, active = idx.to(ref.x.device), mask.to(ref.x.device), active.to(ref.x.device)
+    return StackedBatches(data_x[rows, idx], data_y[rows, idx], mask, active)
+
+
+def per_client(kwargs: Sequence[Mapping[str, Any]], key: str, default: Any = None) -> list[Any]:
+    """One keyword's value for every client of the batch."""
+    return [kw.get(key, default) for kw in kwargs]
+
+
+def stack_vectors(values: Sequence[Any], device: torch.device) -> torch.Tensor:
+    """[K, d] float32 from K flat vectors (numpy or tensors); one shared array is copied once."""
+    first = values[0]
+    if all(v is first for v in values):
+        return _vector(first, device).expand(len(values), -1).clone()
+    return torch.stack([_vector(v, device) for v in values])
+
+
+def _vector(v: Any, device: torch.device) -> torch.Tensor:
+    """A float32 tensor of a flat vector; numpy arrays are copied (the broadcast arrives as a
+    read-only view of Ray's object store)."""
+    if isinstance(v, torch.Tensor):
+        return v.to(device=device, dtype=torch.float32)
+    return torch.tensor(np.asarray(v), dtype=torch.float32, device=device)

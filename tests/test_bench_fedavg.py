@@ -1,0 +1,87 @@
+"""`rayfl bench fedavg-*`: the reference loop does exactly rayfl's client work.
+
+Without Ray: rayfl's FedAvg client function, run by a ClientHostImpl (loop and vectorised) on
+the clients the reference samples, averaged like `run_fedavg`, must reach the reference loop's
+model; the reference's initial model and sampling must be the Federation's. Plus the CLI's
+argument parsing for the new workloads."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from rayfl.algorithms.fedavg import fedavg_client
+from rayfl.algorithms.local import LocalSchedule
+from rayfl.bench.common import steady
+from rayfl.bench.fedavg import workload_config
+from rayfl.bench.reference import initial_params, run_reference_loop, sample_clients
+from rayfl.cli import build_parser
+from rayfl.data import build_federated_dataset
+from rayfl.engine.federation import Federation
+from rayfl.engine.host import ClientHostImpl
+from rayfl.rng import numpy_rng
+
+SMALL = ["partition.num_clients=8", "algorithm.clients_per_round=3", "data.synthetic_features=20",
+         "data.synthetic_min_samples=13", "data.synthetic_max_samples=40", "data.synthetic_size_sigma=1.0",
+         "data.synthetic_size_mu=2.0"]  # unequal sizes: the weights and short batches matter
+ROUNDS = 3
+
+
+@pytest.fixture(scope="module")
+def small():
+    cfg = workload_config("fedavg-mlp", ROUNDS, *SMALL)
+    return cfg, build_federated_dataset(cfg.data, cfg.partition, cfg.run.seed)
+
+
+def rayfl_clients_in_process(cfg, ds, vectorize: str) -> np.ndarray:
+    """`run_fedavg`'s arithmetic with rayfl's own client function on one in-process host."""
+    arrays = {"train_x": ds.train_x, "train_y": ds.train_y}
+    host = ClientHostImpl(0, arrays, dict(enumerate(ds.client_train)), None, cfg.model, tuple(ds.input_shape),
+                          ds.num_classes, cfg.run.seed, vectorize=vectorize)
+    sizes = ds.client_sizes()
+    x = initial_params(cfg, ds)
+    alg = cfg.algorithm
+    for r in range(ROUNDS):
+        ids = sample_clients(cfg.run.seed, r, sizes, alg.clients_per_round)
+        recs = host.run(fedavg_client, ids, r, {"params": x, "lr": alg.lr,
+                                                "schedule": LocalSchedule(alg.batch_size, alg.local_epochs, None)})
+        w = sizes[ids] / sizes[ids].sum()
+        x = (x + sum(wi * rec["values"]["delta"].astype(np.float64) for wi, rec in zip(w, recs, strict=True))).astype(np.float32)
+    return x
+
+
+@pytest.mark.parametrize("vectorize", ["off", "on"])
+def test_reference_loop_reaches_rayfls_model(small, vectorize):
+    cfg, ds = small
+    ref = run_reference_loop(cfg, ds, ROUNDS)
+    mine = rayfl_clients_in_process(cfg, ds, vectorize)
+    assert np.abs(ref.final - initial_params(cfg, ds)).max() > 1e-3  # it trained
+    np.testing.assert_allclose(mine, ref.final, rtol=0, atol=1e-5)
+    assert len(ref.round_seconds) == ROUNDS and sorted(ref.sampled) == list(range(ROUNDS))
+
+
+def test_reference_initial_model_and_sampling_are_the_federations(small):
+    cfg, ds = small
+    fake = SimpleNamespace(seed=cfg.run.seed, cfg=cfg, dataset=ds)
+    np.testing.assert_array_equal(initial_params(cfg, ds), Federation.initial_params(fake))
+    sizes = ds.client_sizes()
+    for r in range(3):  # Federation.sample's draw, with every client always online
+        expect = sorted(int(c) for c in numpy_rng(cfg.run.seed, "sample", r).choice(np.flatnonzero(sizes > 0), 3, replace=False))
+        assert sample_clients(cfg.run.seed, r, sizes, 3) == expect
+
+
+def test_steady_drops_warm_up_and_evaluation_rounds():
+    np.testing.assert_array_equal(steady([5.0, 1.0, 2.0, 9.0], 1, 1), [1.0, 2.0])
+    np.testing.assert_array_equal(steady([5.0], 1, 1), [5.0])
+
+
+def test_cli_parses_the_fedavg_workloads():
+    p = build_parser()
+    args = p.parse_args(["bench", "fedavg-mlp", "--rounds", "5", "--hosts", "1,2,3", "--vectorize", "on"])
+    assert (args.bench, args.rounds, args.hosts, args.vectorize) == ("fedavg-mlp", 5, [1, 2, 3], ["on"])
+    assert p.parse_args(["bench", "fedavg-linear"]).vectorize == ["on", "off"]
+    for bad in (["--hosts", "0"], ["--vectorize", "sometimes"]):
+        with pytest.raises(SystemExit):
+            p.parse_args(["bench", "fedavg-mlp", *bad])

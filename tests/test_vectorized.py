@@ -1,0 +1,240 @@
+"""Vectorised client execution (rayfl.engine.vectorized) against the plain loop.
+
+Unit level, without Ray: one ClientHostImpl runs the same clients with `vectorize: off` and
+`vectorize: on`; every record (work meter, bytes, state) must be identical and the model
+results equal to float32 tolerance, with unequal client sizes, short last batches, per-client
+step counts and a deadline's work budget. End to end, a module-scoped set of Ray runs checks
+the `clients` Parquet on and off, and 1 vs 2 hosts with vectorisation on."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from rayfl.algorithms.fedavg import fedavg_client, fedavg_clients, scaffold_client
+from rayfl.algorithms.local import LocalSchedule
+from rayfl.config import ConfigError, ModelConfig, load_config
+from rayfl.engine.host import ClientHostImpl
+from rayfl.engine.vectorized import batched_version, use_batched
+from rayfl.models import build_model
+from rayfl.models.params import get_flat
+from rayfl.results import load
+from rayfl.runner import run_experiment
+
+F_IN, C = 6, 3
+SIZES = {0: 7, 1: 12, 2: 3, 3: 10, 4: 0}  # unequal, a short last batch, one empty client
+TOL = dict(rtol=1e-5, atol=2e-6)
+
+
+def make_host(vectorize: str, model: str = "mlp", seed: int = 3) -> ClientHostImpl:
+    rng = np.random.default_rng(0)
+    n = sum(SIZES.values())
+    arrays = {"train_x": rng.normal(size=(n, F_IN)).astype(np.float32),
+              "train_y": rng.integers(0, C, size=n).astype(np.int64)}
+    bounds = np.cumsum([0, *SIZES.values()])
+    clients = {c: np.arange(bounds[i], bounds[i + 1]) for i, c in enumerate(SIZES)}
+    cfg = ModelConfig(name=model, hidden=[5])
+    return ClientHostImpl(0, arrays, clients, None, cfg, (F_IN,), C, seed, flops_per_sample=10.0, vectorize=vectorize)
+
+
+def initial(model: str = "mlp") -> np.ndarray:
+    torch.manual_seed(0)
+    return get_flat(build_model(ModelConfig(name=model, hidden=[5]), (F_IN,), C)).numpy()
+
+
+def run_both(fn, broadcast, per_client=None, budgets=None, model="mlp", rounds=1):
+    """Records of the loop and of the batched twin on identical fresh hosts."""
+    out = {}
+    for mode in ("off", "on"):
+        host = make_host(mode, model)
+        recs = []
+        for r in range(rounds):
+            recs = host.run(fn, list(SIZES), r, broadcast, per_client, budgets)
+        out[mode] = (recs, host)
+    return out["off"], out["on"]
+
+
+def assert_records_match(loop: list[dict], vec: list[dict]) -> None:
+    assert len(loop) == len(vec)
+    for a, b in zip(loop, vec, strict=True):
+        for key in ("client", "num_samples", "forward_samples", "backward_samples", "local_steps", "truncated",
+                    "bytes_up", "bytes_down", "state_changed"):
+            assert a[key] == b[key], (key, a["client"])
+        assert a["values"].keys() == b["values"].keys()
+        for key, v in a["values"].items():
+            np.testing.assert_allclose(b["values"][key], v, **TOL, err_msg=f"{key} of client {a['client']}")
+
+
+@pytest.mark.parametrize("model", ["mlp", "linear"])
+def test_fedavg_batched_equals_loop_with_unequal_clients(model):
+    x0 = initial(model)
+    (loop, _), (vec, _) = run_both(fedavg_client, {"params": x0, "lr": 0.3, "schedule": LocalSchedule(4, 2, None)}, model=model)
+    assert_records_match(loop, vec)
+    assert [r["local_steps"] for r in vec] == [4, 6, 2, 6, 0]  # ceil(n / 4) per epoch, two epochs
+    assert np.isnan(vec[-1]["values"]["loss"]) and not np.any(vec[-1]["values"]["delta"])  # the empty client
+    assert np.abs(vec[1]["values"]["delta"]).max() > 1e-3  # it really trained
+
+
+def test_fedprox_and_per_client_schedules_and_harmonic_lr():
+    x0 = initial()
+    per = {c: {"schedule": LocalSchedule(5, None, 1 + c, lr_offset=2.0), "lr": 0.2 + 0.1 * c} for c in SIZES}
+    (loop, _), (vec, _) = run_both(fedavg_client, {"params": x0, "weight_decay": 0.01, "prox_mu": 0.5}, per)
+    assert_records_match(loop, vec)
+    assert [r["local_steps"] for r in vec] == [1, 2, 3, 4, 0]
+
+
+def test_work_budget_truncates_like_the_loop():
+    x0 = initial()
+    budgets = {0: 10.0 * 3 * 8, 1: 10.0 * 3 * 20, 3: 0.0}  # flops_per_sample 10, backward 3: 8, 20, 0 samples
+    (loop, _), (vec, _) = run_both(fedavg_client, {"params": x0, "lr": 0.3, "schedule": LocalSchedule(4, 2, None)},
+                                   budgets=budgets)
+    assert_records_match(loop, vec)
+    assert [r["local_steps"] for r in vec] == [2, 5, 2, 0, 0] and vec[0]["truncated"] and not vec[2]["truncated"]
+
+
+def test_scaffold_batched_keeps_control_variates_like_the_loop():
+    assert batched_version(scaffold_client) is not None
+    x0 = initial()
+    rng = np.random.default_rng(1)
+    control = (0.05 * rng.normal(size=x0.shape)).astype(np.float32)
+    broadcast = {"params": x0, "control": control, "lr": 0.2, "schedule": LocalSchedule(4, 1, None)}
+    (loop, host_l), (vec, host_v) = run_both(scaffold_client, broadcast, rounds=2)  # round 2 reads round 1's c_i
+    assert_records_match(loop, vec)
+    for c in SIZES:
+        a, b = host_l.states[c].get("control"), host_v.states[c].get("control")
+        assert (a is None) == (b is None)
+        if a is not None:
+            np.testing.assert_allclose(b.numpy(), a.numpy(), **TOL)
+
+
+def test_batched_twin_runs_only_where_the_mode_allows():
+    assert batched_version(fedavg_client) is fedavg_clients
+    assert use_batched("off", fedavg_client, 10) is None
+    assert use_batched("auto", fedavg_client, 1) is None and use_batched("auto", fedavg_client, 2) is fedavg_clients
+    assert use_batched("on", fedavg_client, 1) is fedavg_clients
+    assert use_batched("on", lambda ctx: {}, 5) is None  # no twin: the loop
+
+
+def test_model_with_batch_statistics_falls_back_to_the_loop():
+    rng = np.random.default_rng(0)
+    arrays = {"train_x": rng.normal(size=(16, 1, 8, 8)).astype(np.float32), "train_y": rng.integers(0, 2, 16)}
+    host = ClientHostImpl(0, arrays, {0: np.arange(8), 1: np.arange(8, 16)}, None,
+                          ModelConfig(name="conv4", conv_channels=2), (1, 8, 8), 2, 0, vectorize="on")
+    x0 = get_flat(host.model).numpy()
+    calls = []
+    twin = batched_version(fedavg_client)
+
+    def spy(ctxs, kwargs):
+        out = twin(ctxs, kwargs)
+        calls.append(out)
+        return out
+
+    fedavg_client.__rayfl_batched__ = spy
+    try:
+        recs = host.run(fedavg_client, [0, 1], 0, {"params": x0, "lr": 0.1, "schedule": LocalSchedule(4, 1, None)})
+    finally:
+        fedavg_client.__rayfl_batched__ = twin
+    assert calls == [None] and [r["local_steps"] for r in recs] == [2, 2]
+
+
+def test_bad_vectorize_value_is_one_config_error():
+    with pytest.raises(ConfigError, match="engine.vectorize") as err:
+        load_config(None, ["engine.vectorize=sometimes"])
+    assert "\n" not in str(err.value)
+    assert load_config(None, ["engine.vectorize=on"]).engine.vectorize == "on"  # not YAML's boolean
+
+
+def test_one_host_and_two_hosts_give_bitwise_identical_records():
+    """Each client's arithmetic does not depend on which clients share its batch (padding to
+    the configured batch size, not to the batch's largest client): one host running all
+    clients and two hosts splitting them return the same bits."""
+    x0 = initial()
+    broadcast = {"params": x0, "lr": 0.3, "schedule": LocalSchedule(4, 2, None)}
+    whole = make_host("on").run(fedavg_client, list(SIZES), 0, broadcast)
+    split = make_host("on").run(fedavg_client, [0, 2], 0, broadcast) + make_host("on").run(fedavg_client, [1, 3, 4], 0, broadcast)
+    split.sort(key=lambda r: r["client"])
+    for a, b in zip(whole, split, strict=True):
+        assert a["local_steps"] == b["local_steps"]
+        np.testing.assert_array_equal(a["values"]["delta"], b["values"]["delta"])
+        assert a["values"]["loss"] == b["values"]["loss"] or np.isnan(a["values"]["loss"])
+
+
+# ---------------------------------------------------------------- end to end, on Ray
+
+LAYOUT = ["wall_time", "host", "run_id", "experiment"]
+FLOAT = ["local_loss", "train_loss", "test_loss", "test_accuracy"]  # model results: equal to tolerance only
+
+
+@pytest.fixture(scope="module")
+def runs(ray_local, tmp_path_factory) -> dict[str, object]:
+    """FedProx under a deadline with partial work (some clients truncated, some late), the
+    loop on one host and vectorised on two."""
+    out = tmp_path_factory.mktemp("vec")
+    base = ["data.dataset=synthetic", "data.synthetic_features=20", "partition.num_clients=12",
+            "data.synthetic_size_mu=2.5", "data.synthetic_size_sigma=1.0", "data.synthetic_min_samples=4",
+            "data.synthetic_max_samples=40", "partition.method=natural", "model.name=mlp", "model.hidden=[8]",
+            "algorithm.name=fedprox", "algorithm.mu=0.1", "algorithm.clients_per_round=8", "algorithm.batch_size=8",
+            "algorithm.lr=0.1", "system.speed={dist: lognormal, value: 2.0e+4, sigma: 1.0}",
+            "system.policy=deadline", "system.deadline=1.0", "system.late_policy=partial",
+            "run.rounds=2", f"output.dir={out}", "output.log_clients=true"]
+    variants = {"off-1": ["engine.vectorize=off", "engine.num_hosts=1"],
+                "on-2": ["engine.vectorize=on", "engine.num_hosts=2"]}
+    return {name: load(run_experiment(load_config(None, [*base, *extra, f"run.run_id={name}"])).run_dir)
+            for name, extra in variants.items()}
+
+
+def comparable(df: pd.DataFrame) -> pd.DataFrame:
+    return df.drop(columns=[c for c in LAYOUT if c in df.columns]).reset_index(drop=True)
+
+
+def test_vectorized_and_loop_log_the_same_client_tasks(runs):
+    """Same sampling, outcomes, steps, simulated times and bytes; losses to tolerance."""
+    off, on = comparable(runs["off-1"].clients), comparable(runs["on-2"].clients)
+    assert runs["on-2"].clients["host"].nunique() == 2
+    assert off["truncated"].any() and (off["local_steps"] > 0).any()
+    exact = [c for c in off.columns if c not in FLOAT]
+    pd.testing.assert_frame_equal(off[exact], on[exact])
+    np.testing.assert_allclose(on["local_loss"].to_numpy(float), off["local_loss"].to_numpy(float), rtol=1e-4)
+    r_off, r_on = comparable(runs["off-1"].rounds), comparable(runs["on-2"].rounds)
+    exact = [c for c in r_off.columns if c not in FLOAT]
+    pd.testing.assert_frame_equal(r_off[exact], r_on[exact])
+    np.testing.assert_allclose(r_on["train_loss"], r_off["train_loss"], rtol=1e-4)
+
+
+def test_batched_mlp_kernel_matches_float64_autograd_per_client():
+    """BatchedMLPGrad's masked loss and gradient, and its fused step, against a float64
+    autograd computation of each client's unpadded minibatch alone."""
+    import torch.nn.functional as F
+
+    from rayfl.algorithms.local import BatchedMLPGrad
+    from rayfl.models.params import functional_logits
+
+    model = build_model(ModelConfig(name="mlp", hidden=[5, 4]), (F_IN,), C)
+    kernel = BatchedMLPGrad.of(model)
+    assert kernel is not None and BatchedMLPGrad.of(build_model(ModelConfig(name="conv4"), (1, 8, 8), 2)) is None
+    g = torch.Generator().manual_seed(0)
+    k, b, d = 3, 4, get_flat(model).numel()
+    w = torch.randn(k, d, generator=g)
+    x, y = torch.randn(k, b, F_IN, generator=g), torch.randint(0, C, (k, b), generator=g)
+    m = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [0, 0, 0, 0]], dtype=torch.float32)  # full, short, inactive
+    segments, loss = kernel(w, x, y, m)
+    grad = torch.zeros(k, d)
+    for offset, part in segments:
+        grad[:, offset : offset + part.shape[1]] = part
+    model64 = model.double()
+    for j in range(2):
+        rows = m[j] > 0
+        v = w[j].double().requires_grad_(True)
+        ref = F.cross_entropy(functional_logits(model64, v, x[j][rows].double()), y[j][rows])
+        (ref_grad,) = torch.autograd.grad(ref, v)
+        np.testing.assert_allclose(loss[j].item(), ref.item(), rtol=1e-5)
+        np.testing.assert_allclose(grad[j].numpy(), ref_grad.numpy(), rtol=1e-4, atol=1e-6)
+    assert not grad[2].any()  # a client without a step this time gets no gradient
+    step = torch.tensor([0.5, 0.25, 0.0])
+    moved = w.clone()
+    layers = kernel.split(moved)
+    kernel.step(layers, x, y, m, step)
+    kernel.join(layers, moved)
+    np.testing.assert_allclose(moved.numpy(), (w - step[:, None] * grad).numpy(), rtol=1e-5, atol=1e-6)
