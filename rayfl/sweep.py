@@ -230,6 +230,7 @@ def plan_trials(
             raw = json.loads(json.dumps(base_raw))
             for key, value in settings.items():
                 apply_override(raw, f"{key}={json.dumps(value)}")
+            absolute_local_paths(raw)
             run_id = run_id_for(settings, seed)
             for key, value in {"run.seed": seed, "run.run_id": run_id, "run.experiment": name,
                                "output.dir": output_dir}.items():
@@ -244,6 +245,19 @@ def plan_trials(
             seen[run_id] = settings
             trials.append(Trial(run_id, settings, seed, cfg.to_dict(), []))
     return trials
+
+
+# Config keys holding a local path that a job may give relative to where `rayfl sweep` runs.
+LOCAL_PATH_KEYS = (("data", "data_dir"), ("model", "init_from"))
+
+
+def absolute_local_paths(raw: dict[str, Any]) -> None:
+    """Relative local paths (e.g. `data.data_dir: ../shared/data`) made absolute against the
+    sweep's working directory: Tune runs each trial in a working directory of its own."""
+    for section, key in LOCAL_PATH_KEYS:
+        value = (raw.get(section) or {}).get(key)
+        if isinstance(value, str) and value and not is_uri(value) and not Path(value).expanduser().is_absolute():
+            raw[section][key] = str(Path(value).resolve())
 
 
 def reserve(trials: Sequence[Trial], cluster: Mapping[str, float], concurrency: int) -> None:

@@ -72,6 +72,24 @@ def test_run_on_a_sweep_job_runs_its_base_job(tmp_path: Path, capsys: pytest.Cap
     assert yaml.safe_load(captured.out)["algorithm"]["lr"] == 0.1  # the base job's value
 
 
+def test_trials_get_absolute_local_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tune runs every trial in its own working directory, so a job's relative data directory
+    (jobs use `../shared/data`) and `model.init_from` are resolved where the sweep starts."""
+    from rayfl.sweep import plan_trials, read_job
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "x0.npy").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    base, _ = read_job(DIGITS)
+    overrides = ["data.data_dir=data", "model.init_from=x0.npy", "output.dir=/tmp/unused"]
+    trials = plan_trials(base, overrides, build_spec(None, ["algorithm.lr=0.1,0.2"]), "/tmp/unused", "paths")
+    for t in trials:
+        assert t.raw["data"]["data_dir"] == str(tmp_path / "data")
+        assert t.raw["model"]["init_from"] == str(tmp_path / "x0.npy")
+    home = plan_trials(base, ["data.data_dir=~/.rayfl/data"], build_spec(None, ["algorithm.lr=0.1"]), "/tmp/u", "p")
+    assert home[0].raw["data"]["data_dir"] == "~/.rayfl/data"  # already absolute: left as written
+
+
 def test_sweep_digits_job_validates() -> None:
     base, block = __import__("rayfl.sweep", fromlist=["read_job"]).read_job(REPO / "jobs" / "sweep_digits.yaml")
     spec = build_spec(block)
