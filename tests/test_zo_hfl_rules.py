@@ -21,8 +21,14 @@ import pytest
 import torch
 from torch import nn
 
-from rayfl.algorithms.zo_hfl import ZOHFLConfig, server_step, zo_estimate, zo_hfl_client
-from rayfl.config import ModelConfig, load_config
+from rayfl.algorithms.zo_hfl import (
+    ZOHFLConfig,
+    call_clients,
+    server_step,
+    zo_estimate,
+    zo_hfl_client,
+)
+from rayfl.config import ConfigError, ModelConfig, load_config
 from rayfl.data import FederatedDataset
 from rayfl.engine import ClientContext, ClientResult, ServerData
 from rayfl.engine.host import ClientHostImpl
@@ -30,6 +36,7 @@ from rayfl.engine.system import TaskTiming
 from rayfl.results import load
 from rayfl.runner import run_experiment
 from rayfl.zo import ConstraintConfig, sample_sphere
+from rayfl.zo.sphere import direction_seed, sphere_from_seed
 
 F_IN, C = 3, 2
 D = F_IN * C
@@ -273,3 +280,81 @@ def test_real_run_matches_alg1_and_alg2_by_hand(spied_run):
             assert np.abs(gamma * g1).max() > 1e-2 and np.abs(gamma * g_zo).max() > 1e-2  # both terms visible
     assert mu_matters > 1e-2  # the mu (y - c) term moves y+- far beyond the tolerance
     assert len(y_bar) == 3  # every client was sampled at least once, most of them warm-started
+
+
+# ---------------------------------------------------------------- readings the paper leaves open
+
+
+def test_zo_dimension_sets_the_n_of_n_over_2_eta():
+    """`zo_dimension: 3` (Sec. IV's n as a feature count) gives (3 / 2 eta)(f+ - f-) v for a
+    d = 6 model: half of the default (d / 2 eta) estimate, computed by hand."""
+    rng = np.random.default_rng(5)
+    x32 = rng.normal(size=D).astype(np.float32)
+    v = sample_sphere(rng, D).astype(np.float32).astype(np.float64)
+    y_plus, y_minus = rng.normal(size=(2, D)).astype(np.float32)
+    fp, fm = f2(x32 + 0.2 * v, y_plus, 1.5), f2(x32 - 0.2 * v, y_minus, 1.5)
+    res = result({"y_plus": y_plus, "y_minus": y_minus})
+    got = zo_estimate(res, x32, v, ZOHFLConfig(eta=0.2, lam=1.5, zo_dimension=3))
+    np.testing.assert_allclose(got, (3 / (2 * 0.2)) * (fp - fm) * v, rtol=1e-9, atol=1e-12)
+    default = zo_estimate(res, x32, v, ZOHFLConfig(eta=0.2, lam=1.5))
+    np.testing.assert_allclose(default, (6 / (2 * 0.2)) * (fp - fm) * v, rtol=1e-9, atol=1e-12)
+
+
+class _RecordingFederation:
+    """The three things `call_clients` reads from a Federation; `call` records what is sent."""
+
+    num_clients, seed = 3, 11
+
+    def __init__(self):
+        self.sent: dict = {}
+
+    def call(self, ids, fn, *, round, per_client, phase, **payload):
+        self.sent = {"ids": ids, "per_client": per_client, "payload": payload}
+        return []
+
+
+def test_direction_radius_eta_sends_and_uses_v_on_eta_sphere():
+    """`direction_radius: eta` (Sec. II's v in eta S): client i gets v = eta u, u its unit
+    direction of round r, so it solves at x +- eta^2 u, and g_i = (d / 2 eta)(f2(x + eta^2 u, y+)
+    - f2(x - eta^2 u, y-)) eta u, by hand; `unit` sends u itself."""
+    eta, r = 0.3, 4
+    x32 = np.arange(D, dtype=np.float32) / 10
+    for radius, scale in (("eta", eta), ("unit", 1.0)):
+        fed, cfg = _RecordingFederation(), ZOHFLConfig(eta=eta, lam=2.0, direction_radius=radius)
+        _, directions = call_clients(fed, cfg, r, x32, [0, 2])
+        for i in (0, 2):
+            u = sphere_from_seed(direction_seed(fed.seed, r, i), D)
+            np.testing.assert_allclose(fed.sent["per_client"][i]["direction"], (scale * u).astype(np.float32))
+            np.testing.assert_allclose(directions[i], (scale * u).astype(np.float32).astype(np.float64))
+            assert fed.sent["payload"]["eta"] == eta
+    fed = _RecordingFederation()
+    _, directions_eta = call_clients(fed, ZOHFLConfig(eta=eta, lam=2.0, direction_radius="eta"), r, x32, [0])
+    v = directions_eta[0]
+    u = v / eta
+    rng = np.random.default_rng(6)
+    y_plus, y_minus = rng.normal(size=(2, D))
+    hand = (D / (2 * eta)) * (f2(x32 + eta**2 * u, y_plus, 2.0) - f2(x32 - eta**2 * u, y_minus, 2.0)) * eta * u
+    got = zo_estimate(result({"y_plus": y_plus, "y_minus": y_minus}), x32, v,
+                      ZOHFLConfig(eta=eta, lam=2.0, direction_radius="eta"))
+    np.testing.assert_allclose(got, hand, rtol=1e-6, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("algorithm.zo_dimension=0", "algorithm.zo_dimension"),
+        ("algorithm.zo_dimension=-784", "algorithm.zo_dimension"),
+        ("algorithm.zo_dimension=7.5", "algorithm.zo_dimension"),
+        ("algorithm.direction_radius=half", "algorithm.direction_radius"),
+    ],
+)
+def test_bad_open_reading_values_name_their_key(override, key):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["algorithm.name=zo_hfl", override])
+    assert e.value.key == key
+
+
+def test_eta_radius_with_seed_directions_is_refused():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["algorithm.name=zo_hfl", "algorithm.direction_radius=eta", "algorithm.send_direction=seed"])
+    assert e.value.key == "algorithm.direction_radius"

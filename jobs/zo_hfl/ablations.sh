@@ -8,7 +8,7 @@
 #
 #   SETTINGS="0.1:0.1" jobs/zo_hfl/ablations.sh --set data.source=test_only
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 DATASET=${DATASET:-mnist}
 SETTINGS=${SETTINGS:-"0.1:0.1 1:0.5 1000:0.9"}
 ABLATIONS=${ABLATIONS:-"zo_hfl:algorithm.lam=0 fedavg:algorithm.server_as_client=true scaffold:algorithm.server_as_client=true fedavg:algorithm.local_schedule.multiplier=2 zo_hfl:algorithm.randomness=independent"}

@@ -6,7 +6,7 @@
 #   jobs/zo_hfl/fig2.sh                                          # R = 500 (the paper's R is unstated)
 #   DATASETS=mnist jobs/zo_hfl/fig2.sh --set data.source=test_only --set run.rounds=100   # offline
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 DATASETS=${DATASETS:-"fashion_mnist cifar10"}
 SETTINGS=${SETTINGS:-"1000:0.9 1:0.5 0.1:0.1"}
 TAUS=${TAUS:-"5 20 50"}

@@ -5,7 +5,7 @@
 #   jobs/zo_hfl/figures.sh figures/                              # full MNIST
 #   jobs/zo_hfl/figures.sh figures/ --set data.source=test_only  # the offline subset
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${1:-figures}
 shift || true
 mkdir -p "$OUT"

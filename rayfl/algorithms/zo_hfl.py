@@ -67,7 +67,11 @@ class ZOHFLConfig(AlgorithmConfig):
     renormalises them over the round's clients, `unbiased` scales by m/|S_r|, `all_clients`
     calls every client with H = 0 for those not sampled (the paper's straggler reading).
     Communication: `send_direction: seed` sends 8 bytes instead of v; `upload: scalars` sends
-    f2(x+, y+) and f2(x-, y-) (and ||x_r - y_bar||^2 for the logged loss) instead of y+-."""
+    f2(x+, y+) and f2(x-, y-) (and ||x_r - y_bar||^2 for the logged loss) instead of y+-.
+    Readings the paper leaves open: `zo_dimension` is the n of n/(2 eta) (null: the number of
+    parameters d, Lemma 7; Sec. IV reuses n for the 784 features); `direction_radius: eta`
+    draws v on eta S (Sec. II's sentence) instead of the unit sphere S (Alg. 1, Lemma 7), the
+    client then solving at x_r +- eta v with ||v|| = eta and g_i carrying that v."""
 
     name: str = "zo_hfl"
     local_epochs: int | None = None
@@ -92,6 +96,8 @@ class ZOHFLConfig(AlgorithmConfig):
     constraint: ConstraintConfig = field(default_factory=ConstraintConfig)
     send_direction: Literal["vector", "seed"] = "vector"
     upload: Literal["models", "scalars"] = "models"
+    zo_dimension: int | None = None
+    direction_radius: Literal["unit", "eta"] = "unit"
 
     def validate(self) -> None:
         check_budget_fields(self, self.local_schedule, "algorithm.local_schedule")
@@ -106,6 +112,13 @@ class ZOHFLConfig(AlgorithmConfig):
         if self.weight_decay:
             raise ConfigError("algorithm.weight_decay", "ZO-HFL's lower level is CE + mu/2 ||x - y||^2; use algorithm.mu")
         self.constraint.validate_as("algorithm.constraint")
+        if self.zo_dimension is not None and (isinstance(self.zo_dimension, bool) or not isinstance(self.zo_dimension, int)
+                                              or self.zo_dimension < 1):
+            raise ConfigError("algorithm.zo_dimension", f"must be an integer >= 1 or null (the parameter count), got {self.zo_dimension!r}")
+        if self.direction_radius not in ("unit", "eta"):
+            raise ConfigError("algorithm.direction_radius", f"got {self.direction_radius!r}; allowed values are ['unit', 'eta']")
+        if self.direction_radius == "eta" and self.send_direction == "seed":
+            raise ConfigError("algorithm.direction_radius", "eta needs send_direction: vector (a seed rebuilds a unit v)")
 
 
 # ---------------------------------------------------------------- client (Alg. 2, twice)
@@ -251,7 +264,8 @@ def call_clients(
     in_round = set(sampled)
     d = x32.size
     seeds = {i: direction_seed(fed.seed, r, SHARED_DIRECTION if cfg.directions == "shared" else i) for i in called}
-    v32 = {i: sphere_from_seed(s, d).astype(np.float32) for i, s in seeds.items()}
+    radius = cfg.eta if cfg.direction_radius == "eta" else 1.0
+    v32 = {i: (radius * sphere_from_seed(s, d)).astype(np.float32) for i, s in seeds.items()}
     per_client: dict[int, dict[str, Any]] = {}
     for i in called:
         per_client[i] = {"steps": local_steps(cfg.local_schedule, i, r, fed.seed) if i in in_round else 0}
@@ -267,8 +281,10 @@ def call_clients(
 
 def zo_estimate(res: ClientResult, x32: np.ndarray, v: np.ndarray, cfg: ZOHFLConfig) -> np.ndarray:
     """Line 7's g_i = (d / 2 eta)(f2(x_r + eta v, y+) - f2(x_r - eta v, y-)) v from client i's
-    answer `res` to x_r (`x32`) and v_{i,r} (`v`, the float32-exact direction as float64)."""
-    return two_point_estimate(penalty_difference(res, x32, v, cfg), 0.0, v, cfg.eta)
+    answer `res` to x_r (`x32`) and v_{i,r} (`v`, the float32-exact direction as float64).
+    d is `zo_dimension` when set (the two-point formula's own d is len(v), hence the rescale)."""
+    g = two_point_estimate(penalty_difference(res, x32, v, cfg), 0.0, v, cfg.eta)
+    return g if cfg.zo_dimension is None else (cfg.zo_dimension / v.size) * g
 
 
 def server_step(

@@ -80,6 +80,7 @@ def variant(run: pd.Series) -> str:
             tags.append("lam=0 (server only)" if lam == 0 else f"lam={lam:g}")
         if mu != 0.1:
             tags.append(f"mu={mu:g}")
+        tags += _zo_hfl_readings(run)
     if run["algorithm.name"] == "fedprox" and float(_get(run, "algorithm.mu", 0.01)) != 0.01:
         tags.append(f"mu={float(_get(run, 'algorithm.mu')):g}")
     if run["algorithm.name"] != "zo_hfl" and _get(run, "algorithm.lr_schedule", "harmonic") == "constant":
@@ -89,7 +90,29 @@ def variant(run: pd.Series) -> str:
         tags.append(f"{mult}H steps")
     if _get(run, "algorithm.randomness") == "independent":
         tags.append("independent +- batches")
+    if run["algorithm.name"] != "zo_hfl" and _get(run, "model.init_from") is not None:
+        tags.append("x0=" + ("0" if "zeros" in str(_get(run, "model.init_from")) else str(_get(run, "model.init_from"))))
+    if float(_get(run, "data.server_fraction", 0.3)) != 0.3:
+        tags.append(f"server share={float(_get(run, 'data.server_fraction')):g}")
     return ", ".join(tags)
+
+
+def _zo_hfl_readings(run: pd.Series) -> list[str]:
+    """ZO-HFL's settings away from the Table I job (the tuning screen, jobs/zo_hfl/screen.sh)."""
+    tags = []
+    if float(_get(run, "algorithm.eta", 0.1)) != 0.1:
+        tags.append(f"eta={float(_get(run, 'algorithm.eta')):g}")
+    if int(_get(run, "algorithm.batch_size", 64)) != 64:
+        tags.append(f"batch={int(_get(run, 'algorithm.batch_size'))}")
+    if _get(run, "algorithm.aggregation", "participants") != "participants":
+        tags.append(str(_get(run, "algorithm.aggregation")))
+    if _get(run, "algorithm.init", "zeros") != "zeros":
+        tags.append("x0=model init")
+    if _get(run, "algorithm.zo_dimension") is not None:
+        tags.append(f"n={int(_get(run, 'algorithm.zo_dimension'))}")
+    if _get(run, "algorithm.direction_radius", "unit") == "eta":
+        tags.append("v in eta S")
+    return tags
 
 
 def participation(run: pd.Series) -> float:
@@ -118,7 +141,10 @@ def table1_grid(results: Results) -> tuple[pd.DataFrame, pd.DataFrame]:
         for alpha, beta in SETTINGS:
             for source in sorted(set(runs[runs["dataset"] == dataset]["source"])):
                 for rounds in sorted(set(runs["rounds"])) if many_r else [None]:
-                    columns.append((dataset, source, alpha, beta, rounds))
+                    ran = runs[(runs["dataset"] == dataset) & (runs["source"] == source) & (runs["alpha"] == alpha)
+                               & (runs["beta"] == beta) & ((runs["rounds"] == rounds) if rounds is not None else True)]
+                    if not ran.empty or not many_r:  # a round budget gets a column only where it ran
+                        columns.append((dataset, source, alpha, beta, rounds))
     labels = []
     for method in METHODS:
         for var in sorted(set(runs[runs["method"] == method]["variant"]), key=lambda v: (v != "", v)):
