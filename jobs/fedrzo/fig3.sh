@@ -5,6 +5,10 @@
 #
 #   jobs/fedrzo/fig3.sh                                                   # full MNIST, R = 300
 #   jobs/fedrzo/fig3.sh --set data.source=test_only --set run.rounds=100  # offline
+#
+# Per-method lr (spec D-17: tuned on beta = 10, reused for every beta): LR_FEDAVG, LR_FEDPROX,
+# LR_FEDMSPP, LR_SCAFFNEW (unset: the YAML's lr = 0.1), e.g.
+#   LR_FEDAVG=0.3 LR_FEDPROX=0.3 jobs/fedrzo/fig3.sh --set data.source=test_only
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 HS=${HS:-"5 20"}
@@ -21,6 +25,7 @@ for seed in $SEEDS; do
       for method in $METHODS; do
         extra=()
         [ "$method" = fedprox ] && extra=(--set algorithm.mu=0.01)
+        lr_var="LR_${method^^}"; [ -n "${!lr_var:-}" ] && extra+=(--set "algorithm.lr=${!lr_var}")
         echo "== $method H=$h beta=$beta seed=$seed" >&2
         retry jobs/fedrzo/fig3_first_order.yaml --quiet --set "run.seed=$seed" --set "algorithm.name=$method" \
           --set "model.softplus_beta=$beta" --set "algorithm.local_steps=$h" ${extra[@]+"${extra[@]}"} \
