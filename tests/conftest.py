@@ -34,3 +34,18 @@ def shared_mnist() -> Path:
 @pytest.fixture
 def results_dir(tmp_path: Path) -> Path:
     return tmp_path / "results"
+
+
+# The files with the longest total run time, longest first. They are collected first, so the two
+# xdist workers of the README's command (`--dist loadfile`: a file stays on one worker) start
+# on them and finish on short files, instead of one worker running a long file alone at the end.
+LONGEST_FILES = (
+    "test_host_failures.py", "test_sweep.py", "test_resume.py", "test_cli_runs.py", "test_async.py",
+    "test_federation.py", "test_state_commits.py", "test_determinism.py", "test_user_errors.py",
+    "test_remote_storage.py", "test_soak.py", "test_vectorized.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FILES)))  # stable: the rest keep their order
