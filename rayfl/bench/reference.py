@@ -19,9 +19,10 @@ import torch.nn.functional as F
 
 from rayfl.config import Config
 from rayfl.data import FederatedDataset
+from rayfl.engine.federation import initial_model_params
 from rayfl.models import build_model
 from rayfl.models.params import get_flat, set_flat
-from rayfl.rng import derive_seed, numpy_rng
+from rayfl.rng import numpy_rng
 from rayfl.zo.lower_level import epoch_indices
 
 
@@ -33,11 +34,8 @@ class LoopResult:
 
 
 def initial_params(cfg: Config, dataset: FederatedDataset) -> np.ndarray:
-    """The initial model as `Federation.initial_params` draws it (a torch seed from the run seed)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derive_seed(cfg.run.seed, "model.init"))
-        model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
-    return get_flat(model).numpy()
+    """The initial model, drawn exactly as `Federation.initial_params` draws it."""
+    return initial_model_params(cfg, dataset, cfg.run.seed)
 
 
 def sample_clients(seed: int, round: int, sizes: np.ndarray, k: int) -> list[int]:

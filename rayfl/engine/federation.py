@@ -295,18 +295,8 @@ class Federation:
         return self.model_version
 
     def initial_params(self) -> np.ndarray:
-        """The initial global model: the model's own default initialisation under a torch seed
-        derived from (seed, 'model.init'), so every run with the same seed starts equal."""
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(self.seed, "model.init"))
-            model = build_model(self.cfg.model, self.dataset.input_shape, self.dataset.num_classes)
-            if getattr(self.cfg.model, "init_from", None):  # another run's model (rayfl.models.init_from)
-                from rayfl.models.init_from import initial_vector
-
-                return initial_vector(
-                    model, get_flat(model).numpy(), self.cfg.model.init_from, self.dataset.input_shape, self.dataset.num_classes
-                )
-        return get_flat(model).numpy()
+        """The initial global model (`initial_model_params`)."""
+        return initial_model_params(self.cfg, self.dataset, self.seed)
 
     def call(
         self,
@@ -658,6 +648,20 @@ class Federation:
         row = {"round": round, "sim_time": self.clock.now, "wall_time": self.wall_time, "client": client, "split": split}
         row.update({k: _scalar(v) for k, v in metrics.items()})
         self.writer.append("evals", row)
+
+
+def initial_model_params(cfg: Config, dataset: FederatedDataset, seed: int) -> np.ndarray:
+    """The initial global model: the model's own default initialisation under a torch seed
+    derived from (seed, 'model.init'), so every run with the same seed starts equal (and so does
+    the benchmarks' reference loop)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(seed, "model.init"))
+        model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+        if getattr(cfg.model, "init_from", None):  # another run's model (rayfl.models.init_from)
+            from rayfl.models.init_from import initial_vector
+
+            return initial_vector(model, get_flat(model).numpy(), cfg.model.init_from, dataset.input_shape, dataset.num_classes)
+    return get_flat(model).numpy()
 
 
 def evaluate_arrays(
