@@ -25,6 +25,7 @@ examples:
   rayfl bench async --clients 1000            stragglers: sync vs deadline vs FedBuff; async speed-up
   rayfl bench zo                              wall time of a ZO-HFL round vs FedAvg rounds (offline MNIST)
   rayfl bench fedavg-mlp                      rayfl (vectorised / loop, 1 and 2 hosts) vs a plain PyTorch loop
+  rayfl bench startup                         a 10-round fedavg-mlp run as a process: seconds outside its rounds
 
 algorithms (algorithm.name; `rayfl validate --set algorithm.name=X` prints X's options):
   first order     fedavg fedprox scaffold fedasync fedbuff
@@ -108,9 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks that write JSON results")
     bsub = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
     scale = bsub.add_parser("scale", help="many synthetic clients: seconds per round and peak memory")
-    scale.add_argument("--clients", type=int, default=10000)
-    scale.add_argument("--per-round", type=int, default=100)
-    scale.add_argument("--rounds", type=int, default=5)
+    scale.add_argument("--clients", type=_int_list, default=[10000], help="registered clients, e.g. 10000,100000,1000000")
+    scale.add_argument("--per-round", type=int, default=1000)
+    scale.add_argument("--rounds", type=int, default=10)
+    scale.add_argument("--eager", action="store_true", help="the in-memory dataset instead of a lazily generated population")
     scale.add_argument("--out", default="bench/scale.json")
     asyn = bsub.add_parser(
         "async", help="stragglers: simulated time to accuracy (sync / deadline / FedBuff) and async wall speed-up"
@@ -125,12 +127,23 @@ def build_parser() -> argparse.ArgumentParser:
     zo.add_argument("--source", default="test_only", choices=["test_only", "full"], help="MNIST: the offline subset or all")
     zo.add_argument("--data-dir", default=None, help="where the MNIST files are (default: the job's ../shared/data)")
     zo.add_argument("--out", default="bench/zo.json")
+    zo.add_argument("--vectorize", type=_vectorize_list, default=None,
+                    help="engine.vectorize values to compare, e.g. off,on (default: the job's setting)")
+    st = bsub.add_parser("startup", help="a short run as a whole process: seconds outside its rounds, by phase")
+    st.add_argument("--workload", default="fedavg-mlp", choices=["fedavg-mlp", "fedavg-linear"])
+    st.add_argument("--rounds", type=int, default=10)
+    st.add_argument("--repeat", type=int, default=1, help="timed runs (the summary is the median one)")
+    st.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="extra override for the run, e.g. --set engine.num_hosts=1; repeatable")
+    st.add_argument("--out", default="bench/startup.json")
     for workload in ("fedavg-mlp", "fedavg-linear"):
         fa = bsub.add_parser(workload, help=f"{workload}: rayfl vs a plain PyTorch loop doing the same client work "
                              "(1,000 clients x 60 samples, 100 per round)")
         fa.add_argument("--rounds", type=int, default=12, help="rounds per run (round 0 and the last are not timed)")
         fa.add_argument("--hosts", type=_int_list, default=[1, 2], help="engine.num_hosts values, e.g. 1,2")
         fa.add_argument("--vectorize", type=_vectorize_list, default=["on", "off"], help="engine.vectorize values: on,off")
+        fa.add_argument("--preaggregate", type=_on_off_list, default=["off", "on"],
+                        help="engine.preaggregate values: off,on (host pre-aggregation)")
         fa.add_argument("--loop-threads", type=int, default=1, help="torch threads of the reference loop (0: torch's default)")
         fa.add_argument("--out", default=f"bench/{workload}.json")
     return p
@@ -142,16 +155,41 @@ def main(argv: list[str] | None = None) -> int:
     status 2, wherever it is found, Ray started or not; anything else is a bug and keeps its
     traceback."""
     args = build_parser().parse_args(argv)
-    from rayfl.engine.federation import RunInterrupted
-
     try:
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
+        if argv is None and args.command in ("run", "resume"):
+            exit_now(code)
+        return code
     except user_errors() as e:
         print(f"rayfl: error: {one_line(e)}", file=sys.stderr)
         return 2
-    except RunInterrupted as e:
+    except KeyboardInterrupt as e:
+        # a RunInterrupted (a stop was asked for) exists only once the engine is imported:
+        # looked up here, it spares commands that run nothing (`report`) torch's import
+        engine = sys.modules.get("rayfl.engine.federation")
+        if engine is None or not isinstance(e, engine.RunInterrupted):
+            raise
         print(f"rayfl: {e}", file=sys.stderr)
         return 130
+
+
+def exit_now(code: int) -> None:
+    """End the `rayfl` process at once after a finished run, when nothing is left to do:
+    results written and closed, output flushed, and Ray already shut down (a local one
+    stopped, a cluster disconnected from). The interpreter's own teardown (finalising torch's,
+    Ray's and pyarrow's modules) would add a second or more to every run. A process still
+    connected to Ray exits normally, so that Ray's exit hooks tell it the driver is done."""
+    import os
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
@@ -185,12 +223,16 @@ def _load(args: argparse.Namespace):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    cfg = _load(args)
-    from rayfl.data import build_federated_dataset
-    from rayfl.progress import RoundProgress
-    from rayfl.runner import run_experiment
+    from rayfl.progress import mark, write_marks
 
-    dataset = build_federated_dataset(cfg.data, cfg.partition, cfg.run.seed)
+    mark("cli")  # the interpreter started and rayfl.cli imported
+    cfg = _load(args)
+    mark("config")
+    from rayfl.progress import RoundProgress
+    from rayfl.runner import build_dataset, run_experiment
+
+    dataset = build_dataset(cfg)
+    mark("dataset")
     if not args.quiet:
         print(dataset.summary(), file=sys.stderr)
     with RoundProgress(cfg.run.rounds, enabled=not args.quiet) as bar:
@@ -198,6 +240,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     final = {k: v for k, v in outcome.summary.items() if isinstance(v, (int, float))}
     print(f"results: {outcome.run_dir}")
     print(json.dumps(final, indent=None, default=float))
+    mark("printed")
+    write_marks(run_dir=str(outcome.run_dir))
     return 0
 
 
@@ -283,20 +327,32 @@ def _vectorize_list(text: str) -> list[str]:
     return values
 
 
+def _on_off_list(text: str) -> list[str]:
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    if not values or any(v not in ("on", "off") for v in values):
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of on, off; got {text!r}")
+    return values
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     result: dict[str, Any]
     if args.bench == "scale":
         from rayfl.bench.scale import run_scale_bench
 
-        result = run_scale_bench(args.clients, args.per_round, args.rounds, Path(args.out))
+        result = run_scale_bench(args.clients, args.per_round, args.rounds, Path(args.out), eager=args.eager)
+    elif args.bench == "startup":
+        from rayfl.bench.startup import run_startup_bench
+
+        result = run_startup_bench(args.workload, args.rounds, args.repeat, Path(args.out), args.overrides)
     elif args.bench == "zo":
         from rayfl.bench.zo import run_zo_bench
 
-        result = run_zo_bench(args.rounds, Path(args.out), args.source, args.data_dir)
+        result = run_zo_bench(args.rounds, Path(args.out), args.source, args.data_dir, args.vectorize)
     elif args.bench in ("fedavg-mlp", "fedavg-linear"):
         from rayfl.bench.fedavg import run_fedavg_bench
 
-        result = run_fedavg_bench(args.bench, args.rounds, Path(args.out), args.hosts, args.vectorize, args.loop_threads or None)
+        result = run_fedavg_bench(args.bench, args.rounds, Path(args.out), args.hosts, args.vectorize, args.loop_threads or None,
+                                  args.preaggregate)
     else:
         from rayfl.bench.asynchronous import run_async_bench
 

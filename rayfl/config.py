@@ -92,6 +92,12 @@ class DataConfig:
     synthetic_size_sigma: float = 2.0
     synthetic_min_samples: int = 50
     synthetic_max_samples: int = 2000
+    # A population generated on demand (rayfl.data.lazy; dataset synthetic, partition natural):
+    # hosts make a client's rows from its own seeded stream when it runs, so memory follows the
+    # clients of a round, not the population. The global test set is the held-out rows of the
+    # first synthetic_eval_clients clients.
+    synthetic_lazy: bool = False
+    synthetic_eval_clients: int = 1000
     # FFGG's synthetic quadratic (rayfl.papers.ffgg.quadratic; partition.method natural, one
     # client per partition.num_clients): n rows per block, d_theta global, d_w personal.
     quadratic_n: int = 10_000
@@ -143,6 +149,11 @@ class DataConfig:
             raise ConfigError("data.synthetic_min_samples", "each client needs >= 2 samples (one train, one test)")
         if self.synthetic_max_samples < self.synthetic_min_samples:
             raise ConfigError("data.synthetic_max_samples", "must be >= data.synthetic_min_samples")
+        _positive("data.synthetic_eval_clients", self.synthetic_eval_clients)
+        if self.synthetic_lazy and self.dataset != "synthetic":
+            raise ConfigError("data.synthetic_lazy", f"a lazy population is only for dataset synthetic, not {self.dataset!r}")
+        if self.synthetic_lazy and self.server_fraction > 0:
+            raise ConfigError("data.synthetic_lazy", "a lazy population has no server share: set data.server_fraction: 0")
         if self.dataset in ("mnist", "fashion_mnist", "cifar10"):
             root = Path(self.data_dir).expanduser()
             if not self.download and not root.is_dir():
@@ -316,9 +327,14 @@ class EngineConfig:
     # algorithm offers a batched client function: `auto` for >= 2 clients, `on` always, `off`
     # never (the plain loop; results differ from vectorised ones only to float32 tolerance).
     vectorize: Literal["auto", "on", "off"] = "off"
+    # Host pre-aggregation: outputs an algorithm only sums (FedAvg's and SCAFFOLD's deltas)
+    # stay on the hosts, which send one exact partial sum each (rayfl.engine.exact_sum), not one
+    # vector per client. Same bits as `off`, for any number of hosts.
+    preaggregate: Literal["on", "off"] = "off"
 
     def validate(self) -> None:
         _choice("engine.vectorize", self.vectorize, ("auto", "on", "off"))
+        _choice("engine.preaggregate", self.preaggregate, ("on", "off"))
         if self.num_hosts is not None:
             _positive("engine.num_hosts", self.num_hosts)
         if self.clients_per_host != "auto":
@@ -520,6 +536,8 @@ class Config:
                 f"'natural' needs a dataset with its own clients (synthetic); {self.data.dataset!r} "
                 f"needs one of {[p for p in PARTITIONS if p != 'natural']}",
             )
+        if self.data.synthetic_lazy and self.partition.method != "natural":
+            raise ConfigError("data.synthetic_lazy", f"a lazy population needs partition.method natural, not {self.partition.method!r}")
         alg = self.algorithm
         if alg.clients_per_round is not None and alg.clients_per_round > self.partition.num_clients:
             raise ConfigError(

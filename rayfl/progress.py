@@ -44,3 +44,33 @@ def format_seconds(s: float) -> str:
     if s < 7200:
         return f"{s / 60:.1f}m"
     return f"{s / 3600:.1f}h"
+
+
+# ---------------------------------------------------------------------- start-up timing
+
+TIMING_ENV = "RAYFL_TIMING"
+_marks: list[tuple[str, float]] = []
+
+
+def mark(phase: str) -> None:
+    """Note that `phase` ended now (wall-clock seconds since the epoch, so that a parent
+    process can line the marks up with its own clock). Cheap enough to leave in always; the
+    marks are only written when RAYFL_TIMING names a file (see `write_marks`)."""
+    import time
+
+    _marks.append((phase, time.time()))
+
+
+def write_marks(**extra: Any) -> None:
+    """Write the marks so far, in order, as JSON to the file RAYFL_TIMING names (nothing when
+    it is unset), and start afresh: what `rayfl bench startup` reads to split a run's wall
+    time into phases."""
+    import json
+    import os
+
+    path = os.environ.get(TIMING_ENV)
+    marks, _marks[:] = list(_marks), []
+    if not path:
+        return
+    with open(path, "w") as f:
+        json.dump({"marks": [[name, t] for name, t in marks], **extra}, f)

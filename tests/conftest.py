@@ -42,7 +42,8 @@ def results_dir(tmp_path: Path) -> Path:
 LONGEST_FILES = (
     "test_host_failures.py", "test_sweep.py", "test_resume.py", "test_cli_runs.py", "test_async.py",
     "test_federation.py", "test_state_commits.py", "test_determinism.py", "test_user_errors.py",
-    "test_remote_storage.py", "test_soak.py", "test_vectorized.py",
+    "test_remote_storage.py", "test_soak.py", "test_preaggregate.py", "test_vectorized.py", "test_scale.py",
+    "test_startup.py",
 )
 
 

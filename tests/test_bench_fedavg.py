@@ -82,6 +82,8 @@ def test_cli_parses_the_fedavg_workloads():
     args = p.parse_args(["bench", "fedavg-mlp", "--rounds", "5", "--hosts", "1,2,3", "--vectorize", "on"])
     assert (args.bench, args.rounds, args.hosts, args.vectorize) == ("fedavg-mlp", 5, [1, 2, 3], ["on"])
     assert p.parse_args(["bench", "fedavg-linear"]).vectorize == ["on", "off"]
-    for bad in (["--hosts", "0"], ["--vectorize", "sometimes"]):
+    assert p.parse_args(["bench", "fedavg-linear"]).preaggregate == ["off", "on"]
+    assert p.parse_args(["bench", "fedavg-mlp", "--preaggregate", "on"]).preaggregate == ["on"]
+    for bad in (["--hosts", "0"], ["--vectorize", "sometimes"], ["--preaggregate", "auto"]):
         with pytest.raises(SystemExit):
             p.parse_args(["bench", "fedavg-mlp", *bad])

@@ -153,12 +153,14 @@ def test_one_host_and_two_hosts_give_bitwise_identical_records():
     x0 = initial()
     broadcast = {"params": x0, "lr": 0.3, "schedule": LocalSchedule(4, 2, None)}
     whole = make_host("on").run(fedavg_client, list(SIZES), 0, broadcast)
-    split = make_host("on").run(fedavg_client, [0, 2], 0, broadcast) + make_host("on").run(fedavg_client, [1, 3, 4], 0, broadcast)
+    split = (make_host("on").run(fedavg_client, [0, 2], 0, broadcast) + make_host("on").run(fedavg_client, [1], 0, broadcast)
+             + make_host("on").run(fedavg_client, [3, 4], 0, broadcast))  # one alone: a batch of one
     split.sort(key=lambda r: r["client"])
     for a, b in zip(whole, split, strict=True):
         assert a["local_steps"] == b["local_steps"]
         np.testing.assert_array_equal(a["values"]["delta"], b["values"]["delta"])
         assert a["values"]["loss"] == b["values"]["loss"] or np.isnan(a["values"]["loss"])
+    np.testing.assert_array_equal(broadcast["params"], initial())  # the shared broadcast is never written
 
 
 # ---------------------------------------------------------------- end to end, on Ray

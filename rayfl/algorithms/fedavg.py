@@ -145,9 +145,10 @@ def fedavg_clients(ctxs: list[ClientContext], kwargs: list[dict[str, Any]]) -> l
     )
     if out is None:
         return None
-    y, losses = out
-    delta = y - x
-    return [{"delta": delta[j], "loss": losses[j]} for j in range(len(ctxs))]
+    finals, losses = out
+    for j, row in enumerate(finals):
+        row -= x[j]  # in place: the final vectors' buffers become the deltas
+    return [{"delta": finals[j], "loss": losses[j]} for j in range(len(ctxs))]
 
 
 @batched(scaffold_client)
@@ -200,11 +201,14 @@ def local_plan(
 
 
 def call_with_server(
-    fed: Federation, fn: Any, ids: list[int], cfg: FedAvgConfig, round: int, server: ServerClient | None, **payload: Any
+    fed: Federation, fn: Any, ids: list[int], cfg: FedAvgConfig, round: int, server: ServerClient | None,
+    keep: tuple[str, ...] = (), **payload: Any,
 ) -> list[Any]:
     """fed.call for the sampled clients, then (with `server_as_client`) the server's own
-    update on the driver, appended last."""
+    update on the driver, appended last. `keep`: outputs only ever summed (fed.weighted_sum)."""
     common, per_client = local_plan(fed, cfg, ids, round)
+    if keep:
+        payload["keep"] = keep
     results: list[Any] = fed.call(ids, fn, round=round, per_client=per_client, **common, **payload)
     if server is not None:
         _, mine = local_plan(fed, cfg, [server.id], round)
@@ -222,10 +226,14 @@ def update_weights(fed: Federation, results: list[Any], kind: str, server: Serve
 
 
 def weighted_mean(results: list[ClientResult], key: str, weights: np.ndarray) -> np.ndarray:
-    """Sum in client-id order in float64: identical whatever the host layout."""
+    """Sum in client-id order in float64: identical whatever the host layout. One scratch
+    vector for the products: fresh model-sized temporaries per client cost more in page
+    faults than the arithmetic."""
     acc = np.zeros_like(results[0][key], dtype=np.float64)
+    term = np.empty_like(acc)
     for r, w in zip(results, weights, strict=True):
-        acc += w * r[key].astype(np.float64)
+        np.multiply(r[key], w, out=term, dtype=np.float64)  # float64(value) * w, as w * value.astype(float64)
+        acc += term
     return acc
 
 
@@ -250,13 +258,13 @@ def run_fedavg(fed: Federation, cfg: FedAvgConfig, run: RunConfig) -> dict[str, 
     for r in fed.rounds(run.rounds):
         ids = clients_this_round(fed, cfg, r)
         results = call_with_server(
-            fed, fedavg_client, ids, cfg, r, server, params=s.x, lr=cfg.lr,
+            fed, fedavg_client, ids, cfg, r, server, keep=("delta",), params=s.x, lr=cfg.lr,
             weight_decay=cfg.weight_decay, prox_mu=prox_mu,
         )
         metrics = {"num_updates": 0}
         if results:  # late and failed clients are not in `results`: never applied
             weights = update_weights(fed, results, cfg.weighting, server)
-            s.x = (s.x + cfg.server_lr * weighted_mean(results, "delta", weights)).astype(np.float32)
+            s.x = (s.x + cfg.server_lr * fed.weighted_sum(results, "delta", weights)).astype(np.float32)
             check_finite(s.x, r)
             metrics = round_metrics(fed, results, weights)
         metrics.update(evaluate_if_due(fed, s.x, r, run))
@@ -273,15 +281,15 @@ def run_scaffold(fed: Federation, cfg: ScaffoldConfig, run: RunConfig) -> dict[s
     for r in fed.rounds(run.rounds):
         ids = clients_this_round(fed, cfg, r)
         results = call_with_server(
-            fed, scaffold_client, ids, cfg, r, server, params=s.x, control=s.control, lr=cfg.lr,
-            weight_decay=cfg.weight_decay,
+            fed, scaffold_client, ids, cfg, r, server, keep=("delta", "delta_control"), params=s.x,
+            control=s.control, lr=cfg.lr, weight_decay=cfg.weight_decay,
         )
         metrics = {"num_updates": 0}
         if results:  # only accepted tasks: their clients' c_i, and nobody else's, moved
             weights = update_weights(fed, results, cfg.weighting, server)
-            s.x = (s.x + cfg.server_lr * weighted_mean(results, "delta", weights)).astype(np.float32)
+            s.x = (s.x + cfg.server_lr * fed.weighted_sum(results, "delta", weights)).astype(np.float32)
             uniform = np.full(len(results), 1.0 / len(results))
-            dc = weighted_mean(results, "delta_control", uniform)
+            dc = fed.weighted_sum(results, "delta_control", uniform)
             s.control = (s.control + len(results) / num_clients * dc).astype(np.float32)
             check_finite(s.x, r)
             metrics = round_metrics(fed, results, weights)

@@ -20,7 +20,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from rayfl.algorithms.kernels import CrossEntropyGrad, linear_shape
 from rayfl.engine.context import ClientContext
 from rayfl.engine.vectorized import maskable, planned_batches, stack_batches
-from rayfl.models.params import functional_logits, unflatten
+from rayfl.models.params import bound_to, can_bind, functional_logits, unflatten
 from rayfl.zo.lower_level import epoch_indices, minibatch_indices
 from rayfl.zo.schedules import step_size
 
@@ -63,8 +63,9 @@ def local_sgd(
             if correction is not None:
                 grad = grad + correction
             w -= step_size(lr, t, schedule.lr_offset) * grad
-        losses.append(loss.item())
-    return w.detach(), float(np.mean(losses)) if losses else float("nan")
+        losses.append(loss)
+    # one host-device synchronisation per client, not per step (the same float64 mean)
+    return w.detach(), float(np.mean(torch.stack(losses).cpu().numpy().astype(np.float64))) if losses else float("nan")
 
 
 def _gradients(ctx: ClientContext, w: torch.Tensor, schedule: LocalSchedule) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -74,6 +75,16 @@ def _gradients(ctx: ClientContext, w: torch.Tensor, schedule: LocalSchedule) -> 
     The linear model takes the closed form on pre-flattened inputs and one-hot targets, with
     the same minibatches `ctx.batches` would draw (same stream, same order, same budget
     check); other models go through autograd on `ctx.batches`."""
+    if linear_shape(ctx.model) is None and can_bind(ctx.model, w):
+        grad = torch.zeros_like(w)
+        with bound_to(ctx.model, w, grad) as model:
+            for xb, yb in ctx.batches(schedule.batch_size, epochs=schedule.epochs, steps=schedule.steps):
+                grad.zero_()
+                loss = F.cross_entropy(model(xb), yb)
+                loss.backward()
+                ctx.work.gradient_step(len(yb))
+                yield loss.detach(), grad
+        return
     if linear_shape(ctx.model) is None:
         for xb, yb in ctx.batches(schedule.batch_size, epochs=schedule.epochs, steps=schedule.steps):
             v = w.detach().requires_grad_(True)
@@ -118,31 +129,41 @@ def local_sgd_batched(
     prox_mu: Sequence[float] | None = None,
     prox_centers: torch.Tensor | None = None,
     corrections: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, list[float]] | None:
+) -> tuple[list[torch.Tensor], list[float]] | None:
     """`local_sgd` for K clients at once (rayfl.engine.vectorized): row k of `starts` [K, d]
     follows exactly client k's loop, on its own minibatches and step count, with its own lr,
     weight decay, proximal pull towards `prox_centers[k]` and `corrections[k]`. Returns
-    (final vectors [K, d], mean minibatch loss per client), or None where the model does not
-    allow padding (batch statistics); the caller then runs the loop."""
+    (K final vectors, mean minibatch loss per client), or None where the model does not
+    allow padding (batch statistics); the caller then runs the loop. The K final vectors are
+    rows of per-chunk buffers, the caller's to change in place."""
     model = ctxs[0].model
     if not maskable(model) or any(c.model is not model for c in ctxs):
         return None
     plans = [planned_batches(c, s.batch_size, s.epochs, s.steps) for c, s in zip(ctxs, schedules, strict=True)]
     k = len(ctxs)
-    w = starts.detach().clone()
+    starts = starts.detach()
     grad_fn = BatchedMLPGrad.of(model) or _masked_grad(model)
     width = max(s.batch_size for s in schedules)
     loss_sum = torch.zeros(k, dtype=torch.float64, device=starts.device)
+    rows: list[torch.Tensor] = []
+    scratch = None  # one chunk's per-layer working copies, reused by the next chunk
     for lo in range(0, k, CHUNK):
         part = slice(lo, min(k, lo + CHUNK))
+        # one output buffer per chunk, not one [K, d]: a chunk's few MB come back from the
+        # allocator's free lists round after round, where K rows (tens of MB) would be a fresh
+        # mapping each call and page-fault on every first write
+        w = torch.empty((part.stop - lo, starts.shape[1]), dtype=starts.dtype, device=starts.device)
         if any(plans[part]):
-            _sgd_chunk(grad_fn, ctxs[part], plans[part], w[part], loss_sum[part], lrs[part], schedules[part], width,
-                       _column(weight_decay, part, w.device), _column(prox_mu, part, w.device),
-                       None if prox_centers is None else prox_centers[part],
-                       None if corrections is None else corrections[part])
+                scratch = _sgd_chunk(grad_fn, ctxs[part], plans[part], starts[part], w, loss_sum[part], lrs[part],
+                                 schedules[part], width, _column(weight_decay, part, w.device),
+                                 _column(prox_mu, part, w.device), None if prox_centers is None else prox_centers[part],
+                                 None if corrections is None else corrections[part], scratch)
+        else:
+            w.copy_(starts[part])
+        rows.extend(w.unbind(0))
     counts = [len(p) for p in plans]
     losses = [float(loss_sum[j]) / counts[j] if counts[j] else float("nan") for j in range(k)]
-    return w, losses
+    return rows, losses
 
 
 # Clients per batched step. A client's MLP 784-200-10 is 0.6 MB of parameters; 16 of them
@@ -153,16 +174,21 @@ CHUNK = 16
 
 
 def _sgd_chunk(
-    grad_fn: Any, ctxs: Sequence[ClientContext], plans: Sequence[list[torch.Tensor]], w: torch.Tensor,
-    loss_sum: torch.Tensor, lrs: Sequence[float], schedules: Sequence[LocalSchedule], width: int,
+    grad_fn: Any, ctxs: Sequence[ClientContext], plans: Sequence[list[torch.Tensor]], start: torch.Tensor,
+    w: torch.Tensor, loss_sum: torch.Tensor, lrs: Sequence[float], schedules: Sequence[LocalSchedule], width: int,
     wd: torch.Tensor | None, mu: torch.Tensor | None, centers: torch.Tensor | None, corrections: torch.Tensor | None,
-) -> None:
-    """`local_sgd_batched`'s steps for one chunk of clients, updating `w` and `loss_sum` (views
-    of the caller's rows) in place, one parameter segment (layer) at a time: no [K, d]
-    temporaries beyond the gradient itself."""
+    scratch: Any = None,
+) -> Any:
+    """`local_sgd_batched`'s steps for one chunk of clients from `start`, writing the final
+    vectors into `w` and adding to `loss_sum` (views of the caller's rows), one parameter
+    segment (layer) at a time: no [K, d] temporaries beyond the gradient itself. Returns the
+    working copies for the next chunk to reuse (`scratch`)."""
     sb = stack_batches(ctxs, plans, width)
     fused = wd is None and mu is None and corrections is None and isinstance(grad_fn, BatchedMLPGrad)
-    layers = grad_fn.split(w) if fused else []
+    if fused:
+        layers = grad_fn.split(start, scratch)
+    else:
+        w.copy_(start)
     for t in range(sb.steps):
         step = torch.tensor([step_size(lr, t, s.lr_offset) for lr, s in zip(lrs, schedules, strict=True)],
                             dtype=w.dtype, device=w.device) * sb.active[t]
@@ -185,6 +211,8 @@ def _sgd_chunk(
             loss_sum += torch.where(sb.active[t] > 0, loss.detach().double(), 0.0)
     if fused:
         grad_fn.join(layers, w)
+        return layers
+    return scratch
 
 
 def _column(values: Sequence[float] | None, rows: slice, device: torch.device) -> torch.Tensor | None:
@@ -233,10 +261,23 @@ class BatchedMLPGrad:
             out.append((weight, b))
         return out
 
-    def split(self, w: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    def split(self, w: torch.Tensor, reuse: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None,
+              ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """Contiguous per-layer copies ([K, out, in], [K, out]) of K flat vectors: batched
-        matmuls on them run as one call each, where views into [K, d] rows would not."""
-        return [(weight.contiguous(), None if b is None else b.contiguous()) for weight, b in self._layers(w)]
+        matmuls on them run as one call each, where views into [K, d] rows would not. Copies
+        into `reuse` (an earlier `split` of as many vectors) instead of allocating."""
+        views = self._layers(w)
+        if reuse is None or reuse[0][0].shape != views[0][0].shape:
+            # always copies: `w` may view the shared broadcast vector, which `.contiguous()`
+            # would hand back as is for a single client (size-1 dims count as contiguous)
+            fmt = torch.contiguous_format
+            return [(weight.clone(memory_format=fmt), None if b is None else b.clone(memory_format=fmt))
+                    for weight, b in views]
+        for (dst_w, dst_b), (weight, b) in zip(reuse, views, strict=True):
+            dst_w.copy_(weight)
+            if b is not None:
+                dst_b.copy_(b)
+        return reuse
 
     def join(self, layers: list[tuple[torch.Tensor, torch.Tensor | None]], w: torch.Tensor) -> None:
         """Write `split`'s (updated) layers back into the flat vectors `w`."""

@@ -30,10 +30,18 @@ import torch
 
 from rayfl.algorithms.base import eval_due
 from rayfl.algorithms.fedavg import check_finite, clients_this_round
-from rayfl.algorithms.kernels import CrossEntropyGrad
+from rayfl.algorithms.kernels import CrossEntropyGrad, linear_shape
 from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
 from rayfl.engine import ClientContext, ClientResult, Federation
 from rayfl.engine.federation import evaluate_arrays
+from rayfl.engine.vectorized import batched
+from rayfl.zo.batched_solves import (
+    PairedBatches,
+    batched_projected_sgd,
+    pair_batches,
+    project_rows,
+    row_radii,
+)
 from rayfl.zo.estimator import quadratic_penalty, quadratic_penalty_difference, two_point_estimate
 from rayfl.zo.lower_level import minibatch_indices, projected_sgd
 from rayfl.zo.projection import ConstraintConfig, project
@@ -202,6 +210,117 @@ def _minibatch_grad(ctx: ClientContext, steps: int, batch_size: int, randomness:
         return kernel(y, xs[pair[t]], ts[pair[t]], shared=False)
 
     return grad_independent
+
+
+@batched(zo_hfl_client)
+def zo_hfl_clients(ctxs: list[ClientContext], kwargs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """`zo_hfl_client` for K clients of one host call as one [2K, d] projected-SGD run (issue
+    13's vectorised execution). Each client keeps its own index streams, work meter (and work
+    budget's truncation), warm start and constraint radius; None (the host loops) for models
+    other than the linear one, whose closed-form gradient the batch stacks, or mixed settings."""
+    shape = linear_shape(ctxs[0].model)
+    shared = ("params", "eta", "lam", "mu", "lr", "lr_offset", "batch_size", "constraint", "randomness", "client_init", "upload")
+    first = kwargs[0]
+    if shape is None or any(not _same(kw.get(key), first.get(key)) for kw in kwargs[1:] for key in shared):
+        return None
+    kw = {**_CLIENT_DEFAULTS, **first}
+    eta, lam, mu, constraint = kw["eta"], kw["lam"], kw["mu"], kw["constraint"]
+    device = ctxs[0].device
+    x = torch.tensor(kw["params"], dtype=torch.float32, device=device)
+    d = x.numel()
+    v = torch.stack([torch.tensor(_direction(k, d), dtype=torch.float32, device=device) for k in kwargs])
+    xs = x.expand(len(ctxs), d)
+    centers = torch.stack([xs + eta * v, xs - eta * v], dim=1).reshape(2 * len(ctxs), d)  # rows k+, k-
+    radii = row_radii(constraint, [c.id for c in ctxs], centers)
+    if kw["client_init"] == "warm":
+        y_bar = torch.stack([c.state.get("y_bar", x) for c in ctxs]).repeat_interleave(2, dim=0)
+        starts = project_rows(y_bar, centers, constraint, radii)
+    else:
+        starts = centers
+    b = kw["batch_size"]
+    steps = [int(k["steps"]) for k in kwargs]
+    done = [_charge_steps(c, h, b) for c, h in zip(ctxs, steps, strict=True)]
+    has_data = [c.num_samples > 0 and h > 0 for c, h in zip(ctxs, steps, strict=True)]
+    batches = _paired_batches(ctxs, steps, b, kw["randomness"]) if any(has_data) else None
+    y, losses = batched_projected_sgd(
+        starts, centers, done, lr=kw["lr"], lr_offset=kw["lr_offset"], mu=mu, constraint=constraint,
+        radii=radii, batches=batches, shape=shape, has_data=has_data,
+    )
+    outs = []
+    for j, ctx in enumerate(ctxs):
+        y_plus, y_minus = y[2 * j].clone(), y[2 * j + 1].clone()
+        y_bar_j = 0.5 * (y_plus + y_minus)
+        ctx.state["y_bar"] = y_bar_j
+        if kw["upload"] == "models":
+            outs.append({"y_plus": y_plus, "y_minus": y_minus, "loss": losses[j]})
+            continue
+        c, yy = centers[2 * j : 2 * j + 2].cpu().numpy(), torch.stack([y_plus, y_minus]).cpu().numpy()
+        outs.append({
+            "f_plus": quadratic_penalty(c[0], yy[0], lam),
+            "f_minus": quadratic_penalty(c[1], yy[1], lam),
+            "gap": squared_distance(kw["params"], y_bar_j.cpu().numpy()),
+            "loss": losses[j],
+        })
+    return outs
+
+
+_CLIENT_DEFAULTS = {"randomness": "common", "client_init": "warm", "upload": "models"}
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two clients got the same setting (the broadcast's one object, as a rule)."""
+    if a is b:
+        return True
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and np.array_equal(a, b)
+    return type(a) is type(b) and a == b
+
+
+def _direction(kw: dict[str, Any], d: int) -> np.ndarray:
+    """The client's float32 v, sent as a vector or rebuilt from its seed (as the loop does)."""
+    v = kw.get("direction")
+    return v if v is not None else sphere_from_seed(int(kw["direction_seed"]), d).astype(np.float32)
+
+
+def _charge_steps(ctx: ClientContext, steps: int, batch_size: int) -> int:
+    """The loop's work-meter calls for `steps` paired steps (a budget check, then two gradient
+    steps of b samples when there is data), in its order; returns the steps the budget allows."""
+    n = ctx.num_samples
+    b = min(batch_size, n)
+    charge = n > 0
+    if ctx.work.budget_flops is None:
+        if charge:
+            ctx.work.backward_samples += 2 * b * steps
+            ctx.work.steps += 2 * steps
+        return steps
+    for t in range(steps):
+        if not ctx.work.affords_step(2 * b):
+            return t
+        if charge:
+            ctx.work.gradient_step(b)
+            ctx.work.gradient_step(b)
+    return steps
+
+
+def _paired_batches(ctxs: list[ClientContext], steps: list[int], batch_size: int, randomness: str) -> PairedBatches:
+    """Every client's minibatch indices from its own streams, drawn exactly as `_minibatch_grad`
+    draws them (full `steps` rows even when a budget truncates, like the loop)."""
+    kernel = CrossEntropyGrad(ctxs[0].model)
+    xs, ts, streams = [], [], []
+    for ctx, h in zip(ctxs, steps, strict=True):
+        xi, ti = kernel.prepare(ctx.x, ctx.y)
+        xs.append(xi)
+        ts.append(ti)
+        n = ctx.num_samples
+        b = min(batch_size, n)
+        if n == 0 or h == 0:
+            owned = [torch.zeros((0, 0), dtype=torch.int64)] * (1 if randomness == "common" else 2)
+        elif randomness == "common":
+            owned = [minibatch_indices(ctx.rng("zo_hfl.batches"), n, b, h)]
+        else:
+            owned = [minibatch_indices(ctx.rng(f"zo_hfl.batches.{s}"), n, b, h) for s in ("plus", "minus")]
+        streams.append(owned)
+    return pair_batches(xs, ts, streams, max(steps))
 
 
 # ---------------------------------------------------------------- server (Alg. 1)

@@ -14,6 +14,7 @@ per second, peak memory, and the ratio rayfl / loop of seconds per round."""
 
 from __future__ import annotations
 
+import itertools
 import platform
 import time
 from pathlib import Path
@@ -51,14 +52,14 @@ def workload_config(workload: str, rounds: int, *extra: str) -> Any:
 
 def run_fedavg_bench(
     workload: str, rounds: int, out: Path, hosts: list[int] | None = None, vectorize: list[str] | None = None,
-    loop_threads: int | None = 1,
+    loop_threads: int | None = 1, preaggregate: list[str] | None = None,
 ) -> dict[str, Any]:
     """Time the loop and every (vectorize, hosts) variant of rayfl; see the module doc."""
     from rayfl.data import build_federated_dataset
 
     if rounds < 3:
         raise ValueError("--rounds must be >= 3 (round 0 and the last round are not timed)")
-    hosts, vectorize = hosts or [1, 2], vectorize or ["on", "off"]
+    hosts, vectorize, preaggregate = hosts or [1, 2], vectorize or ["on", "off"], preaggregate or ["off"]
     results_dir = out.parent / "results"
     cfg = workload_config(workload, rounds)
     t0 = time.perf_counter()
@@ -70,22 +71,21 @@ def run_fedavg_bench(
             loop = run_reference_loop(cfg, dataset, rounds, loop_threads)
         loop_s = float(np.median(steady(loop.round_seconds, 1, 1)))
         per_round = cfg.algorithm.clients_per_round
-        rows = [{"workload": workload, "runner": "loop", "vectorize": None, "num_hosts": None,
+        rows = [{"workload": workload, "runner": "loop", "vectorize": None, "preaggregate": None, "num_hosts": None,
                  "seconds_per_round": loop_s, "client_updates_per_second": per_round / loop_s,
                  "peak_rss_mb": mem.peak_mb, "ratio_to_loop": 1.0, "max_abs_diff": 0.0, "same_clients": True,
                  "round_seconds": [round(s, 4) for s in loop.round_seconds]}]
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        for vec in vectorize:
-            for h in hosts:
-                # the loop again right before each variant: a ratio of two back-to-back timings
-                # survives a machine whose load changes over minutes
-                again = run_reference_loop(cfg, dataset, rounds, loop_threads)
-                name = f"vectorize-{vec}-{h}h"
-                run_cfg = workload_config(workload, rounds, f"engine.vectorize={vec}", f"engine.num_hosts={h}",
-                                          f"output.dir={results_dir}", f"run.experiment=bench_{workload}",
-                                          f"run.run_id={name}-{stamp}")
-                rows.append(_rayfl_row(workload, run_cfg, dataset, loop, float(np.median(steady(again.round_seconds, 1, 1))),
-                                       vec, h))
+        for vec, pre, h in itertools.product(vectorize, preaggregate, hosts):
+            # the loop again right before each variant: a ratio of two back-to-back timings
+            # survives a machine whose load changes over minutes
+            again = run_reference_loop(cfg, dataset, rounds, loop_threads)
+            name = variant_name(vec, pre, h)
+            run_cfg = workload_config(workload, rounds, f"engine.vectorize={vec}", f"engine.num_hosts={h}",
+                                      f"engine.preaggregate={pre}", f"output.dir={results_dir}",
+                                      f"run.experiment=bench_{workload}", f"run.run_id={name}-{stamp}")
+            rows.append(_rayfl_row(workload, run_cfg, dataset, loop, float(np.median(steady(again.round_seconds, 1, 1))),
+                                   vec, pre, h))
     finally:
         if started:
             import ray
@@ -104,13 +104,19 @@ def run_fedavg_bench(
                     "host_torch_threads": cfg.engine.torch_threads, "load_average": _load()},
         "tolerance": TOLERANCE,
         "loop": {k: rows[0][k] for k in ("seconds_per_round", "client_updates_per_second", "peak_rss_mb")},
-        "runs": {f"vectorize-{r['vectorize']}-{r['num_hosts']}h": {k: v for k, v in r.items()
-                 if k not in ("workload", "runner", "round_seconds")} for r in rows[1:]},
-        "ratios_rayfl_over_loop": {f"vectorize-{r['vectorize']}-{r['num_hosts']}h": r["ratio_to_loop"] for r in rows[1:]},
+        "runs": {variant_name(r["vectorize"], r["preaggregate"], r["num_hosts"]): {
+            k: v for k, v in r.items() if k not in ("workload", "runner", "round_seconds")} for r in rows[1:]},
+        "ratios_rayfl_over_loop": {variant_name(r["vectorize"], r["preaggregate"], r["num_hosts"]): r["ratio_to_loop"]
+                                   for r in rows[1:]},
         "all_same_model": all(r["max_abs_diff"] <= TOLERANCE and r["same_clients"] for r in rows[1:]),
     }
     write_result(out, summary, rows)
     return summary
+
+
+def variant_name(vectorize: str, preaggregate: str, hosts: int) -> str:
+    """e.g. `vectorize-on-2h`, or `vectorize-on-preagg-2h` with host pre-aggregation."""
+    return f"vectorize-{vectorize}{'-preagg' if preaggregate == 'on' else ''}-{hosts}h"
 
 
 def _start_ray(cfg: Any) -> bool:
@@ -126,7 +132,8 @@ def _start_ray(cfg: Any) -> bool:
         return init_ray(cfg)
 
 
-def _rayfl_row(workload: str, cfg: Any, dataset: Any, loop: Any, loop_s: float, vec: str, hosts: int) -> dict[str, Any]:
+def _rayfl_row(workload: str, cfg: Any, dataset: Any, loop: Any, loop_s: float, vec: str, pre: str,
+               hosts: int) -> dict[str, Any]:
     """One rayfl run; `loop` gives the reference model and clients, `loop_s` the loop's
     seconds per round measured right before this run."""
     from rayfl.results import load
@@ -141,7 +148,7 @@ def _rayfl_row(workload: str, cfg: Any, dataset: Any, loop: Any, loop_s: float, 
     seconds = round_seconds(outcome.run_dir)
     s = float(np.median(steady(seconds, 1, 1)))
     per_round = cfg.algorithm.clients_per_round
-    return {"workload": workload, "runner": "rayfl", "vectorize": vec, "num_hosts": hosts,
+    return {"workload": workload, "runner": "rayfl", "vectorize": vec, "preaggregate": pre, "num_hosts": hosts,
             "seconds_per_round": s, "client_updates_per_second": per_round / s, "peak_rss_mb": mem.peak_mb,
             "loop_seconds_per_round": loop_s, "ratio_to_loop": s / loop_s, "max_abs_diff": float(np.max(np.abs(final - loop.final))),
             "same_clients": sampled == loop.sampled, "round_seconds": [round(float(v), 4) for v in seconds],

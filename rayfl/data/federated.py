@@ -100,6 +100,10 @@ def build_federated_dataset(data: DataConfig, partition: PartitionConfig, seed: 
         from rayfl.papers.ffgg.quadratic import federated_quadratic
 
         fd = federated_quadratic(data, partition, seed)
+    elif data.dataset == "synthetic" and data.synthetic_lazy:  # generated per client on demand
+        from rayfl.data.lazy import LazyFederatedDataset
+
+        return LazyFederatedDataset(data, partition.num_clients, seed)  # type: ignore[return-value]
     elif data.dataset == "synthetic":
         fd = _build_synthetic(data, partition, seed)
     elif data.dataset in ("emnist", "gldv2", "stackoverflow"):  # their own clients (rayfl.data.natural)

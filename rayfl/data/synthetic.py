@@ -53,19 +53,29 @@ def generate_synthetic(cfg: DataConfig, num_clients: int, seed: int) -> Syntheti
     for k in range(num_clients):
         rng = numpy_rng(seed, "synthetic", client=k)
         n = client_size(rng, cfg)
-        u = rng.normal(0.0, cfg.synthetic_alpha)
-        b_mean = rng.normal(0.0, cfg.synthetic_beta)
-        w = rng.normal(u, 1.0, size=(c, d))
-        b = rng.normal(u, 1.0, size=c)
-        v = rng.normal(b_mean, 1.0, size=d)
-        if cfg.synthetic_iid:  # FedProx's Synthetic-IID: one model, one input distribution
-            w, b, v = w_iid, b_iid, np.zeros(d)
-        x = v + rng.standard_normal((n, d)) * std
-        # softmax is monotone, so argmax(softmax(z)) == argmax(z).
-        ys.append(np.argmax(x @ w.T + b, axis=1).astype(np.int64))
-        xs.append(x.astype(np.float32))
+        x, y = draw_client(rng, cfg, n, std, w_iid, b_iid)
+        xs.append(x)
+        ys.append(y)
         sizes[k] = n
     return SyntheticClients(np.concatenate(xs), np.concatenate(ys), sizes)
+
+
+def draw_client(
+    rng: np.random.Generator, cfg: DataConfig, n: int, std: np.ndarray, w_iid: np.ndarray, b_iid: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """One client's n samples (float32 x, int64 y) from its own stream, after its size was
+    drawn: shared by the eager generator and the lazy population (rayfl.data.lazy)."""
+    d, c = cfg.synthetic_features, cfg.synthetic_classes
+    u = rng.normal(0.0, cfg.synthetic_alpha)
+    b_mean = rng.normal(0.0, cfg.synthetic_beta)
+    w = rng.normal(u, 1.0, size=(c, d))
+    b = rng.normal(u, 1.0, size=c)
+    v = rng.normal(b_mean, 1.0, size=d)
+    if cfg.synthetic_iid:  # FedProx's Synthetic-IID: one model, one input distribution
+        w, b, v = w_iid, b_iid, np.zeros(d)
+    x = v + rng.standard_normal((n, d)) * std
+    # softmax is monotone, so argmax(softmax(z)) == argmax(z).
+    return x.astype(np.float32), np.argmax(x @ w.T + b, axis=1).astype(np.int64)
 
 
 def split_clients(sizes: np.ndarray, test_fraction: float) -> tuple[np.ndarray, np.ndarray]:

@@ -48,6 +48,7 @@ class TaskInput:
     payload_ref: Any
     extra: Any
     budget: float | None
+    task: int = -1
 
 
 @dataclass

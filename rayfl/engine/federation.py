@@ -27,6 +27,7 @@ from rayfl.data import FederatedDataset
 from rayfl.engine.asyncpool import AsyncPool, TaskInput, host_lost
 from rayfl.engine.checkpoint import CHECKPOINT_FILE, Checkpoint, load_checkpoint, save_checkpoint
 from rayfl.engine.clock import SimClock
+from rayfl.engine.exact_sum import KeptValue, common_exponent, fixed_point_sum, max_abs, to_float
 from rayfl.engine.host import ClientFn, remote_host_class
 from rayfl.engine.payload import payload_nbytes
 from rayfl.engine.placement import Placement, plan_placement
@@ -48,6 +49,15 @@ from rayfl.rng import derive_seed, numpy_rng
 
 ProgressFn = Callable[[dict[str, Any]], None]
 T = TypeVar("T")
+
+
+@dataclass
+class KeptCall:
+    """The last `call`'s outputs kept on hosts (`keep`): which keys, and what its accepted
+    tasks were given, to run them again should a host die before `weighted_sum` reads them."""
+
+    keep: tuple[str, ...]
+    inputs: dict[int, TaskInput]  # task id -> its input
 
 
 @dataclass
@@ -103,6 +113,7 @@ class Federation:
         self.model_version = 0
         self._next_task = 0
         self._trainable: np.ndarray | None = None
+        self._trainable_mask: np.ndarray | None = None  # bool [num_clients], for _candidates
         self.server_state: Any = None
         self._decisions: dict[int, dict[int, bool]] = {}  # host -> {task id: accepted}
         self._pools: list[AsyncPool] = []
@@ -111,6 +122,7 @@ class Federation:
         self.stop_requested = False  # set by a signal handler: checkpoint after this round, stop
         self.last_checkpoint: int | None = None
         self._inputs: dict[int, TaskInput] = {}  # task id -> what it was given, until decided
+        self._kept_call: KeptCall | None = None  # the last call's outputs kept on hosts
         self._journal: list[TaskInput] = []  # accepted state-changing tasks since the checkpoint
         self.host_failures = 0
         self._round_failures = 0
@@ -140,7 +152,9 @@ class Federation:
         request = resources.host_request(self.cfg.engine, self.placement, self.dataset.num_clients)
         resources.check_request(request, resources.cluster_capacity())
         ds = self.dataset
-        self._arrays_ref = ray.put({"train_x": ds.train_x, "train_y": ds.train_y, "test_x": ds.test_x, "test_y": ds.test_y})
+        lazy = getattr(ds, "source", None)  # a population generated on demand (rayfl.data.lazy)
+        arrays = {"train_x": ds.train_x, "train_y": ds.train_y, "test_x": ds.test_x, "test_y": ds.test_y}
+        self._arrays_ref = ray.put(lazy if lazy is not None else arrays)
         hosts = [self._spawn_host(h) for h in range(self.placement.num_hosts)]
         try:
             info_refs = [h.info.remote() for h in hosts]
@@ -157,8 +171,11 @@ class Federation:
         own restarts are off: rayfl restores the clients' state itself, see `replace_host`)."""
         ds = self.dataset
         ids = self.placement.assignment[h]
-        train = {int(c): ds.client_train[c] for c in ids}
-        test = {int(c): ds.client_test[c] for c in ids} if ds.client_test is not None else None
+        if getattr(ds, "source", None) is not None:  # lazy: the host makes rows from its id range
+            train, test = ids, None
+        else:
+            train = {int(c): ds.client_train[c] for c in ids}
+            test = {int(c): ds.client_test[c] for c in ids} if ds.client_test is not None else None
         actor = remote_host_class().options(num_cpus=self.placement.num_cpus, num_gpus=self.placement.num_gpus, max_restarts=0)
         return actor.remote(
             h, self._arrays_ref, train, test, self.cfg.model, tuple(ds.input_shape), ds.num_classes, self.seed,
@@ -205,7 +222,11 @@ class Federation:
         """Clients that may be sampled now: trainable and, under an availability model, online."""
         if self.cfg.system.availability.kind == "always":
             return self.trainable_clients
-        return np.intersect1d(self.online_clients(), self.trainable_clients)
+        online = self.online_clients()  # sorted, so the filtered ids equal intersect1d's
+        if self._trainable_mask is None:
+            self._trainable_mask = np.zeros(self.num_clients, dtype=bool)
+            self._trainable_mask[self.trainable_clients] = True
+        return online[self._trainable_mask[online]]
 
     @property
     def now(self) -> float:
@@ -228,8 +249,7 @@ class Federation:
 
     def online_clients(self) -> np.ndarray:
         """Clients online now (an error if nobody is: the availability model is then broken)."""
-        avail = self.system.availability
-        online = np.array([c for c in range(self.num_clients) if avail.online(c, self.now)], dtype=np.int64)
+        online = np.flatnonzero(self.system.availability.online_mask(self.now, self.num_clients)).astype(np.int64)
         if len(online) == 0:
             raise RuntimeError(f"no client is online at simulated time {self.now:.1f}s; check system.availability")
         return online
@@ -307,14 +327,22 @@ class Federation:
         per_client: Mapping[int, Mapping[str, Any]] | None = None,
         phase: str = "train",
         timed: bool = True,
+        keep: tuple[str, ...] = (),
         **payload: Any,
     ) -> list[ClientResult]:
         """One synchronous step: run `fn(ctx, **payload, **per_client[c])` on every client,
         apply the round policy on the simulated clock (sync, deadline, over-selection; dropouts
         and clients going offline), advance the clock and log every task. Returns the tasks the
         round counts (outcome ok), sorted by client id; late and failed tasks are only logged.
-        `timed=False` runs a side computation (e.g. personalized evaluation) off the clock."""
+        `timed=False` runs a side computation (e.g. personalized evaluation) off the clock.
+
+        `keep` names outputs the algorithm only ever sums (`weighted_sum`, before the next
+        call): with `engine.preaggregate: on` they stay on the hosts, which return one partial
+        sum each instead of one vector per client."""
         import ray
+
+        keep = tuple(keep) if self.cfg.engine.preaggregate == "on" else ()
+        self._kept_call = None
 
         ids = sorted(int(c) for c in client_ids)
         if not ids:
@@ -335,14 +363,14 @@ class Federation:
         tasks = self.new_task_ids(ids)
         for c in ids:
             extra = per_client.get(c) if per_client else None
-            self._inputs[tasks[c]] = TaskInput(c, fn, round, payload_ref, extra, budgets.get(c) if budgets else None)
+            self._inputs[tasks[c]] = TaskInput(c, fn, round, payload_ref, extra, budgets.get(c) if budgets else None, tasks[c])
 
         def launch(h: int) -> Any:
             hids = by_host[h]
             sub = {c: per_client[c] for c in hids if c in per_client} if per_client else None
             bud = {c: budgets[c] for c in hids} if budgets is not None else None
             mine = {c: tasks[c] for c in hids}
-            return self.hosts[h].run.remote(fn, hids, round, payload_ref, sub, bud, mine, self.take_decisions(h))
+            return self.hosts[h].run.remote(fn, hids, round, payload_ref, sub, bud, mine, self.take_decisions(h), keep)
 
         batches, rerun = self.on_hosts(launch, list(by_host), launched=lambda: self.count_dispatch(len(ids)))
         records = sorted((rec for batch in batches for rec in batch), key=lambda r: r["client"])
@@ -360,6 +388,8 @@ class Federation:
             end = close_round(results, sys_cfg.policy, start, sys_cfg.deadline, self._keep.get(round))
             self.clock.advance_to(end)
         self.record_tasks(results, round, phase)
+        if keep:  # before `decide` pops the inputs: a lost host's kept tasks are re-run from them
+            self._kept_call = KeptCall(keep, {r.task: self._inputs[r.task] for r in results if r.ok})
         self.decide(results)
         return [r for r in results if r.ok]
 
@@ -404,16 +434,74 @@ class Federation:
         """Keep what an asynchronous task was given until the server decides on it."""
         self._inputs[task] = given
 
+    # ------------------------------------------------------------------ aggregation
+
+    def weighted_sum(self, results: list[ClientResult], key: str, weights: Iterable[float]) -> np.ndarray:
+        """sum_k weights[k] * results[k][key] in float64, exactly rounded onto a common
+        fixed-point grid (rayfl.engine.exact_sum), so the bits never depend on how clients are
+        spread over hosts. Outputs the last `call` kept on the hosts (`keep`, under
+        `engine.preaggregate: on`) are summed there, one partial sum per host; the others
+        (pre-aggregation off, the server's own update) here. On and off give the same bits."""
+        weights = [float(w) for w in weights]
+        values = [r.values[key] for r in results]
+        if not values:
+            raise ValueError("weighted_sum of no results")
+        exponent = common_exponent(weights, [max_abs(v) for v in values])
+        shape = values[0].shape
+        local = [(v, w) for v, w in zip(values, weights, strict=True) if not isinstance(v, KeptValue)]
+        total = fixed_point_sum(local, exponent, shape)
+        by_host: dict[int, dict[int, float]] = {}
+        for r, v, w in zip(results, values, weights, strict=True):
+            if isinstance(v, KeptValue):
+                if self._kept_call is None or r.task not in self._kept_call.inputs:
+                    raise RuntimeError(f"{key!r} of client {r.client} was kept on its host by an earlier call; "
+                                       "call fed.weighted_sum before the next fed.call")
+                by_host.setdefault(r.host, {})[r.task] = w
+        if by_host:
+            def launch(h: int) -> Any:
+                return self.hosts[h].reduce.remote(key, by_host[h], exponent)
+
+            partials, _ = self.on_hosts(launch, list(by_host), on_failure=self._rerun_kept)
+            for part in partials:
+                total += part
+        return to_float(total, exponent)
+
+    def _rerun_kept(self, h: int) -> None:
+        """Host `h` died holding kept outputs: rebuild its clients' states as of before the last
+        call, run that call's accepted tasks again (same inputs, task ids and seeds, so the same
+        outputs), commit them as the first run did, and keep their outputs again."""
+        import ray
+
+        kept = self._kept_call
+        assert kept is not None
+        on_h = set(self.by_host(g.client for g in kept.inputs.values()).get(h, []))
+        mine = {t: given for t, given in kept.inputs.items() if given.client in on_h}
+        self.replace_host(h, skip_tasks=set(mine))
+        by_round: dict[Any, dict[int, TaskInput]] = {}
+        for t, given in mine.items():  # one call has one (fn, round, payload); grouped to be safe
+            by_round.setdefault((id(given.fn), given.key, id(given.payload_ref)), {})[t] = given
+        for group in by_round.values():
+            first = next(iter(group.values()))
+            ids = sorted(g.client for g in group.values())
+            extra = {g.client: g.extra for g in group.values() if g.extra is not None} or None
+            budgets = {g.client: g.budget for g in group.values() if g.budget is not None} or None
+            task_ids = {g.client: t for t, g in group.items()}
+            ray.get(self.hosts[h].run.remote(first.fn, ids, first.key, first.payload_ref, extra, budgets, task_ids,
+                                             None, kept.keep))
+            ray.get(self.hosts[h].settle.remote(dict.fromkeys(group, True)))
+
     # ------------------------------------------------------------------ failures
 
     def on_hosts(
-        self, launch: Callable[[int], Any], hosts: list[int], launched: Callable[[], None] | None = None
+        self, launch: Callable[[int], Any], hosts: list[int], launched: Callable[[], None] | None = None,
+        on_failure: Callable[[int], None] | None = None,
     ) -> tuple[list[Any], set[int]]:
         """Gather `launch(h)` (a remote call on `self.hosts[h]`) from every host in `hosts`. A
         host that dies (killed, out of memory, node lost) or hangs past `engine.task_timeout`
         is replaced and its call launched again (client tasks with the same task ids and seeds),
-        so the outcome is the failure-free one. Returns the answers (in no particular order)
-        and the hosts that were replaced."""
+        so the outcome is the failure-free one. `on_failure(h)` replaces the host instead of
+        `replace_host` (it must leave a working `self.hosts[h]`). Returns the answers (in no
+        particular order) and the hosts that were replaced."""
         import ray
 
         pending = {launch(h): h for h in hosts}
@@ -431,12 +519,12 @@ class Federation:
                 except host_lost():
                     failed.append(h)
             for h in failed:
-                self.replace_host(h)
+                (on_failure or self.replace_host)(h)
                 rerun.add(h)
                 pending[launch(h)] = h
         return answers, rerun
 
-    def replace_host(self, h: int) -> None:
+    def replace_host(self, h: int, skip_tasks: set[int] | None = None) -> None:
         """Replace dead (or hung) host `h`: a fresh actor for the same clients, their state
         restored from the last checkpoint plus the accepted tasks since (replayed in order with
         the same inputs and seeds). At most `engine.max_restarts` replacements per run."""
@@ -457,7 +545,7 @@ class Federation:
         base = {c: st for c, st in self.base_client_states().items() if c in mine}
         waits = [host.import_states.remote(base)] if base else []
         for given in self._journal:
-            if given.client in mine:
+            if given.client in mine and (skip_tasks is None or given.task not in skip_tasks):
                 c = given.client
                 extra = {c: given.extra} if given.extra is not None else None
                 budget = {c: given.budget} if given.budget is not None else None

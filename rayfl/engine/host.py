@@ -22,7 +22,9 @@ import numpy as np
 import torch
 
 from rayfl.config import ModelConfig
+from rayfl.data.lazy import ClientIds
 from rayfl.engine.context import ClientContext
+from rayfl.engine.exact_sum import KeptValue, fixed_point_sum
 from rayfl.engine.payload import payload_nbytes, to_numpy_tree
 from rayfl.engine.vectorized import BatchedFn, use_batched
 from rayfl.models import build_model
@@ -53,15 +55,18 @@ class ClientHostImpl:
         self.vectorize = vectorize  # engine.vectorize: run opted-in algorithms' clients as one batch
         self.host_id = host_id
         self.arrays = arrays
-        self.client_train = dict(client_train)
+        # a lazy population (rayfl.data.lazy) arrives as its source plus this host's client ids
+        self.source = arrays if hasattr(arrays, "client_arrays") else None
+        self.client_train = ClientIds(client_train) if self.source is not None else dict(client_train)
         self.client_test = dict(client_test) if client_test is not None else None
         self.seed = seed
         self.flops_per_sample = flops_per_sample
         self.backward_cost = backward_cost
         self.device = resolve_device(device)
         self.model = build_model(model_cfg, tuple(input_shape), num_classes).to(self.device)
-        self.states: dict[int, dict[str, Any]] = {cid: {} for cid in self.client_train}
+        self.states: dict[int, dict[str, Any]] = ClientStates()  # {} until a client first runs
         self.staged: dict[int, tuple[int, dict[str, Any]]] = {}  # task id -> (client, new state)
+        self.kept: dict[int, dict[str, np.ndarray]] = {}  # task id -> outputs kept for `reduce`
 
     def client_ids(self) -> list[int]:
         return sorted(self.client_train)
@@ -76,6 +81,7 @@ class ClientHostImpl:
         budgets: Mapping[int, float] | None = None,
         task_ids: Mapping[int, int] | None = None,
         settle: Mapping[int, bool] | None = None,
+        keep: tuple[str, ...] = (),
     ) -> list[dict[str, Any]]:
         """Run `fn` for each client in `client_ids` (one after another, in id order, or as one
         batch through its registered twin under `engine.vectorize`) and return
@@ -84,24 +90,50 @@ class ClientHostImpl:
 
         With `task_ids` (client -> task id) each client's new state is staged until the driver
         settles that task; without, it is committed at once (in-process use and unit tests).
-        `settle` (task id -> accepted) applies the driver's earlier decisions first."""
+        `settle` (task id -> accepted) applies the driver's earlier decisions first.
+
+        `keep` (pre-aggregation; needs `task_ids`): these output arrays stay here, replaced in
+        the record by a `KeptValue`, until `reduce` sums them or the host's next `run`."""
         if settle:
             self.settle(settle)
+        self.kept.clear()
         order = sorted(client_ids)
         for cid in order:
             if cid not in self.client_train:
                 raise KeyError(f"host {self.host_id} does not host client {cid}")
         twin = use_batched(self.vectorize, fn, len(order))
+        records = None
         if twin is not None:
             records = self._run_batched(twin, order, round, broadcast, per_client, budgets, task_ids)
-            if records is not None:
-                return records
-        records = []
-        for cid in order:
-            state, ctx, extra = self._prepare(cid, round, per_client, budgets)
-            out = fn(ctx, **broadcast, **extra)
-            records.append(self._record(fn, cid, ctx, state, out, broadcast, extra, task_ids))
+        if records is None:
+            records = []
+            for cid in order:
+                state, ctx, extra = self._prepare(cid, round, per_client, budgets)
+                out = fn(ctx, **broadcast, **extra)
+                records.append(self._record(fn, cid, ctx, state, out, broadcast, extra, task_ids))
+        if keep:
+            self._keep(records, keep, task_ids)
         return records
+
+    def _keep(self, records: list[dict[str, Any]], keep: tuple[str, ...], task_ids: Mapping[int, int] | None) -> None:
+        """Move the `keep` arrays of every record into `self.kept` (the record's bytes_up
+        still counts them: the simulated client sends its full answer)."""
+        if task_ids is None:
+            raise ValueError("keeping outputs on the host needs task ids")
+        for rec in records:
+            values = rec["values"]
+            mine = self.kept.setdefault(task_ids[rec["client"]], {})
+            for key in keep:
+                value = values.get(key)
+                if isinstance(value, np.ndarray):
+                    mine[key] = value
+                    values[key] = KeptValue.of(value)
+
+    def reduce(self, key: str, weights: Mapping[int, float], exponent: int) -> np.ndarray:
+        """sum over tasks of weight * kept[task][key] on the fixed-point grid 2**-exponent
+        (rayfl.engine.exact_sum): this host's exact share of a weighted sum."""
+        terms = [(self.kept[task].pop(key), w) for task, w in sorted(weights.items())]
+        return fixed_point_sum(terms, exponent, terms[0][0].shape if terms else (0,))
 
     def _prepare(
         self, cid: int, round: int, per_client: Mapping[int, Mapping[str, Any]] | None, budgets: Mapping[int, float] | None
@@ -181,14 +213,15 @@ class ClientHostImpl:
                 self.states[cid] = state
 
     def _context(self, cid: int, round: int, state: dict[str, Any]) -> ClientContext:
-        idx = self.client_train[cid]
-        x = torch.from_numpy(self.arrays["train_x"][idx]).to(self.device)
-        y = torch.from_numpy(self.arrays["train_y"][idx]).to(self.device)
-        test_x = test_y = None
-        if self.client_test is not None:
-            tidx = self.client_test[cid]
-            test_x = torch.from_numpy(self.arrays["test_x"][tidx]).to(self.device)
-            test_y = torch.from_numpy(self.arrays["test_y"][tidx]).to(self.device)
+        if self.source is not None:  # lazy: the client's rows, made now from its own stream
+            rows = self.source.client_arrays(cid)
+        else:
+            idx = self.client_train[cid]
+            rows = (self.arrays["train_x"][idx], self.arrays["train_y"][idx], None, None)
+            if self.client_test is not None:
+                tidx = self.client_test[cid]
+                rows = (*rows[:2], self.arrays["test_x"][tidx], self.arrays["test_y"][tidx])
+        x, y, test_x, test_y = (None if a is None else torch.from_numpy(a).to(self.device) for a in rows)
         ctx = ClientContext(
             id=cid,
             round=round,
@@ -238,6 +271,14 @@ class ClientHostImpl:
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "torch_threads": torch.get_num_threads(),
         }
+
+
+class ClientStates(dict):
+    """Committed client states, created on first access: a host of a million clients holds
+    no per-client object until a client runs."""
+
+    def __missing__(self, cid: int) -> dict[str, Any]:
+        return self.setdefault(cid, {})
 
 
 def copy_state(state: dict[str, Any]) -> dict[str, Any]:

@@ -60,6 +60,11 @@ class Availability:
     def online(self, client: int, t: float) -> bool:
         return True
 
+    def online_mask(self, t: float, num_clients: int) -> np.ndarray:
+        """`online(c, t)` for every client at once (bool [num_clients]), vectorised: sampling
+        asks this every round, and a Python loop over a million clients would dominate it."""
+        return np.ones(num_clients, dtype=bool)
+
     def offline_at(self, client: int, start: float, end: float) -> float | None:
         """When a client online at `start` goes offline before `end` (None if it does not)."""
         return None
@@ -78,6 +83,10 @@ class PeriodicAvailability(Availability):
     def online(self, client: int, t: float) -> bool:
         return self._offset(client, t) < self.on
 
+    def online_mask(self, t: float, num_clients: int) -> np.ndarray:
+        # the same float64 operations as `online`, element-wise, so the same clients
+        return ((t - self.phase[:num_clients]) % self.period) < self.on
+
     def offline_at(self, client: int, start: float, end: float) -> float | None:
         if not self.online(client, start):
             return start
@@ -90,6 +99,14 @@ class IntervalAvailability(Availability):
 
     def __init__(self, intervals: list[np.ndarray]):
         self.intervals = intervals
+        # every interval flattened once, with its client, for `online_mask`
+        self._owner = np.repeat(np.arange(len(intervals)), [len(iv) for iv in intervals])
+        self._flat = np.concatenate(intervals) if intervals else np.zeros((0, 2))
+
+    def online_mask(self, t: float, num_clients: int) -> np.ndarray:
+        mask = np.zeros(num_clients, dtype=bool)
+        mask[self._owner[(self._flat[:, 0] <= t) & (t < self._flat[:, 1])]] = True
+        return mask
 
     def _containing(self, client: int, t: float) -> np.ndarray:
         iv = self.intervals[client]

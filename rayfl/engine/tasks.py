@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from rayfl.engine.exact_sum import KeptValue
 from rayfl.engine.system import SystemModel, TaskTiming
 from rayfl.rng import numpy_rng
 
@@ -139,6 +140,8 @@ def _leaves(value: Any, key: str) -> Iterator[tuple[str, Any]]:
 
 
 def _finite(value: Any) -> bool:
+    if isinstance(value, KeptValue):  # an array its host kept (pre-aggregation)
+        return value.finite
     if isinstance(value, np.ndarray):
         return not np.issubdtype(value.dtype, np.inexact) or bool(np.isfinite(value).all())
     if isinstance(value, (float, np.floating, complex, np.complexfloating)):

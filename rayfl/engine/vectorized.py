@@ -153,10 +153,11 @@ def per_client(kwargs: Sequence[Mapping[str, Any]], key: str, default: Any = Non
 
 
 def stack_vectors(values: Sequence[Any], device: torch.device) -> torch.Tensor:
-    """[K, d] float32 from K flat vectors (numpy or tensors); one shared array is copied once."""
+    """[K, d] float32 from K flat vectors (numpy or tensors), read-only: one shared array
+    (the broadcast model) becomes a stride-0 view of one copy, not K copies."""
     first = values[0]
     if all(v is first for v in values):
-        return _vector(first, device).expand(len(values), -1).clone()
+        return _vector(first, device).expand(len(values), -1)
     return torch.stack([_vector(v, device) for v in values])
 
 

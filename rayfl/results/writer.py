@@ -303,7 +303,9 @@ class RunWriter:
             self.flush()
         schema = self._schemas[table]
         for key, value in clean.items():
-            schema[key] = _join(schema.get(key, pa.null()), _arrow_type(value))
+            kind, known = _arrow_type(value), schema.get(key)
+            if kind is not known:  # pyarrow's primitive types are cached: the usual row skips the join
+                schema[key] = kind if known is None else _join(known, kind)
         self._buffers[table].append(clean)
         self._buffered += 1
         if self._oldest is None:

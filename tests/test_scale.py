@@ -1,0 +1,268 @@
+"""A million registered clients: a lazily generated population (rayfl.data.lazy) serves each
+client's rows on demand, the driver's sampling is vectorised and picks the same clients as the
+old per-client loop, the driver and hosts hold no per-client objects over the population, and
+a lazy run is identical on 1 and 2 hosts."""
+
+from __future__ import annotations
+
+import pickle
+import tracemalloc
+import types
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rayfl.config import ConfigError, load_config
+from rayfl.data import build_federated_dataset
+from rayfl.data.lazy import ClientIds, LazyFederatedDataset, LazySynthetic, lazy_sizes
+from rayfl.data.synthetic import split_clients
+from rayfl.engine.clock import SimClock
+from rayfl.engine.federation import Federation
+from rayfl.engine.host import ClientHostImpl
+from rayfl.engine.system import (
+    Availability,
+    IntervalAvailability,
+    PeriodicAvailability,
+    SystemModel,
+)
+from rayfl.rng import numpy_rng
+
+SMALL_CLIENTS = ["data.synthetic_size_mu=2.0", "data.synthetic_size_sigma=0.5", "data.synthetic_min_samples=4",
+                 "data.synthetic_max_samples=20"]
+
+
+def lazy_cfg(n: int, *extra: str):
+    return load_config(None, ["data.dataset=synthetic", "data.synthetic_lazy=true", "partition.method=natural",
+                              f"partition.num_clients={n}", *SMALL_CLIENTS, *extra])
+
+
+# ---------------------------------------------------------------- the lazy population
+
+
+def test_lazy_rows_depend_only_on_seed_and_client_and_the_host_serves_them():
+    cfg = lazy_cfg(40, "data.synthetic_eval_clients=7")
+    ds = build_federated_dataset(cfg.data, cfg.partition, 3)
+    assert isinstance(ds, LazyFederatedDataset) and ds.num_clients == 40
+    src = ds.source
+    sizes = lazy_sizes(cfg.data, 40, 3)
+    np.testing.assert_array_equal(src.sizes, sizes)
+    # the size law by hand: floor(lognormal(2, 0.5)) + 4, capped at 20, from one stream
+    raw = numpy_rng(3, "synthetic.lazy.sizes").lognormal(2.0, 0.5, size=40)
+    np.testing.assert_array_equal(sizes, np.minimum(np.floor(raw) + 4, 20).astype(np.int64))
+    assert sizes.min() >= 4 and sizes.max() == 20
+    # sizes of the first clients do not depend on the population size
+    np.testing.assert_array_equal(lazy_sizes(cfg.data, 10, 3), sizes[:10])
+    n_train, n_test = split_clients(sizes, cfg.data.test_fraction)
+    np.testing.assert_array_equal(ds.client_sizes(), n_train)
+    assert ds.train_samples == n_train.sum() and len(ds.empty_clients()) == 0
+    counts = ds.class_matrix("test")
+    np.testing.assert_array_equal(counts.sum(axis=1), n_test)
+    np.testing.assert_array_equal(counts[5], np.bincount(src.client_arrays(5)[3], minlength=ds.num_classes))
+    # a fresh copy (what a host unpickles) makes the same rows, in any order
+    copy = pickle.loads(pickle.dumps(src))
+    for c in (39, 0, 17):
+        a, b = src.client_arrays(c), copy.client_arrays(c)
+        assert [len(v) for v in a] == [n_train[c], n_train[c], n_test[c], n_test[c]]
+        for u, v in zip(a, b, strict=True):
+            np.testing.assert_array_equal(u, v)
+        assert a[0].dtype == np.float32 and a[1].dtype == np.int64
+        assert a[1].min() >= 0 and a[1].max() < cfg.data.synthetic_classes
+    # a different seed is a different population
+    other = LazySynthetic(cfg.data, 4, lazy_sizes(cfg.data, 40, 4))
+    assert not np.array_equal(other.client_arrays(0)[0][:2], src.client_arrays(0)[0][:2])
+    # the global test set is the held-out rows of the first synthetic_eval_clients clients
+    np.testing.assert_array_equal(ds.test_y, np.concatenate([src.client_arrays(c)[3] for c in range(7)]))
+    np.testing.assert_array_equal(ds.test_x, np.concatenate([src.client_arrays(c)[2] for c in range(7)]))
+
+    host = ClientHostImpl(1, src, np.arange(20, 40), None, cfg.model, ds.input_shape, ds.num_classes, 3)
+    assert host.client_ids() == list(range(20, 40)) and host.info()["clients"] == 20
+    for c in (20, 33, 39):
+        ctx = host._context(c, 0, {})
+        x, y, tx, ty = src.client_arrays(c)
+        np.testing.assert_array_equal(ctx.x.numpy(), x)
+        np.testing.assert_array_equal(ctx.y.numpy(), y)
+        np.testing.assert_array_equal(ctx.test_x.numpy(), tx)
+        np.testing.assert_array_equal(ctx.test_y.numpy(), ty)
+    recs = host.run(rows_seen, [39, 21], 0, {})
+    assert [r["client"] for r in recs] == [21, 39]
+    assert [r["values"]["n"] for r in recs] == [n_train[21], n_train[39]]
+    with pytest.raises(KeyError, match="does not host client 19"):
+        host.run(rows_seen, [19], 0, {})
+    assert len(host.states) == 2  # states exist only for clients that ran
+
+
+def test_lazy_iid_labels_follow_the_shared_model():
+    """Synthetic-IID by hand: every row's label is argmax(W x + b) for the one (W, b) drawn
+    from (seed, 'synthetic.iid'), and the rows are the client's train rows then its test rows."""
+    cfg = lazy_cfg(30, "data.synthetic_iid=true")
+    ds = build_federated_dataset(cfg.data, cfg.partition, 5)
+    shared = numpy_rng(5, "synthetic.iid")
+    w = shared.normal(0.0, 1.0, size=(cfg.data.synthetic_classes, cfg.data.synthetic_features))
+    b = shared.normal(0.0, 1.0, size=cfg.data.synthetic_classes)
+    for c in (0, 11, 29):
+        x, y, tx, ty = ds.source.client_arrays(c)
+        rows, labels = np.concatenate([x, tx]).astype(np.float64), np.concatenate([y, ty])
+        assert len(labels) == ds.source.sizes[c]
+        np.testing.assert_array_equal(labels, np.argmax(rows @ w.T + b, axis=1))
+    # features ~ N(0, diag(j^-1.2)): the first feature's spread is ~1, the last's ~60^-0.6
+    allx = np.concatenate([ds.source.client_arrays(c)[0] for c in range(30)])
+    assert 0.7 < allx[:, 0].std() < 1.3 and allx[:, -1].std() < 0.3
+
+
+def rows_seen(ctx, **_):
+    return {"n": ctx.num_samples, "x_sum": float(ctx.x.double().sum()), "y_sum": int(ctx.y.sum())}
+
+
+def test_client_ids_is_a_set_without_per_client_objects():
+    ids = ClientIds(np.array([3, 5, 9], dtype=np.int64))
+    assert 5 in ids and 9 in ids and 4 not in ids and 10 not in ids and -1 not in ids
+    assert list(ids) == [3, 5, 9] and len(ids) == 3
+    assert list(ClientIds(np.array([9, 3, 5]))) == [3, 5, 9]
+
+
+@pytest.mark.parametrize(
+    ("sets", "field"),
+    [
+        (["data.dataset=digits", "partition.method=iid"], "data.synthetic_lazy"),
+        (["data.server_fraction=0.1"], "data.synthetic_lazy"),
+        (["partition.method=iid"], "data.synthetic_lazy"),
+        (["data.synthetic_eval_clients=0"], "data.synthetic_eval_clients"),
+    ],
+)
+def test_lazy_bad_configs_name_the_field(sets, field):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["data.synthetic_lazy=true", "partition.method=natural", *sets])
+    assert e.value.key == field
+
+
+# ---------------------------------------------------------------- vectorised sampling
+
+
+def sampling_fed(avail: str, n: int = 3000, policy: str = "sync") -> Federation:
+    """The driver's sampling state without Ray or hosts: what `sample` and `online_clients` read."""
+    sets = [f"partition.num_clients={n}", f"system.availability.kind={avail}", f"system.policy={policy}"]
+    if avail == "periodic":
+        sets += ["system.availability.period=100", "system.availability.online_fraction=0.3"]
+    cfg = load_config(None, sets)
+    sizes = np.full(n, 5, dtype=np.int64)
+    sizes[::7] = 0  # some clients hold nothing and are never sampled
+    fed = Federation.__new__(Federation)
+    fed.cfg, fed.seed, fed._keep, fed._trainable, fed._trainable_mask = cfg, cfg.run.seed, {}, None, None
+    fed.dataset = types.SimpleNamespace(num_clients=n, client_sizes=lambda: sizes)
+    fed.system = SystemModel(cfg.system, n, 1000.0, cfg.run.seed)
+    fed.clock = SimClock()
+    return fed
+
+
+# Sampled by the code before vectorisation (a Python loop over every client in online_clients,
+# np.intersect1d in _candidates), same configs and seed: the same clients must come out.
+BEFORE = {
+    "always": [[375, 1360, 2223, 2306, 2570, 2739], [433, 657, 1597, 1677, 2565, 2615],
+               [1061, 1987, 2095, 2273, 2402, 2797], [277, 698, 1161, 1354, 1422, 2217]],
+    "periodic": [[342, 1292, 2253, 2309, 2588, 2756], [456, 685, 1627, 1692, 2528, 2567],
+                 [1082, 1971, 2062, 2277, 2399, 2789], [269, 664, 1098, 1273, 1340, 2217]],
+}
+
+
+@pytest.mark.parametrize("avail", list(BEFORE))
+def test_sampling_picks_the_same_clients_as_before(avail):
+    fed = sampling_fed(avail)
+    for r, expected in enumerate(BEFORE[avail]):
+        assert fed.sample(r, 6) == expected
+        fed.clock.advance_to(fed.clock.now + 37.0)
+    if avail == "periodic":  # at simulated time 148 s
+        assert len(fed.online_clients()) == 915
+    assert sampling_fed("always", policy="over_selection").sample(3, 5) == [276, 697, 1160, 1353, 1422, 1636, 2217]
+
+
+def loop_online(avail: Availability, n: int, t: float) -> np.ndarray:
+    """The old online_clients: ask every client."""
+    return np.array([c for c in range(n) if avail.online(c, t)], dtype=np.int64)
+
+
+def test_online_masks_equal_the_per_client_rule():
+    n = 500
+    rng = np.random.default_rng(0)
+    periodic = PeriodicAvailability(60.0, 0.25, rng.uniform(0, 60.0, size=n))
+    intervals = []
+    for c in range(n):
+        starts = np.sort(rng.uniform(0, 200, size=c % 4))
+        intervals.append(np.stack([starts, starts + rng.uniform(1, 30, size=len(starts))], axis=1) if len(starts) else np.zeros((0, 2)))
+    interval = IntervalAvailability(intervals)
+    for avail in (Availability(), periodic, interval):
+        for t in (0.0, 7.5, 59.99, 60.0, 123.4, 199.0, 250.0):
+            np.testing.assert_array_equal(np.flatnonzero(avail.online_mask(t, n)), loop_online(avail, n, t))
+    # the boundaries: online at a start, offline at an end
+    assert interval.online_mask(float(intervals[1][0, 0]), n)[1]
+    assert not interval.online_mask(float(intervals[1][0, 1]), n)[1] or interval.online(1, float(intervals[1][0, 1]))
+
+
+# ---------------------------------------------------------------- O(active) driver state
+
+
+POPULATION = 200_000
+
+
+def test_driver_state_for_200k_clients_is_arrays_not_per_client_objects():
+    """Dataset, system model and sampling over 200,000 registered clients (the Ray run below
+    has as many): a few MB of numpy
+    arrays (the eager dataset would hold ~1 GB of rows and 200,000 index arrays)."""
+    cfg = lazy_cfg(POPULATION, "system.availability.kind=periodic", "system.availability.period=100")
+    tracemalloc.start()
+    ds = build_federated_dataset(cfg.data, cfg.partition, 0)
+    fed = Federation.__new__(Federation)
+    fed.cfg, fed.seed, fed._keep, fed._trainable, fed._trainable_mask = cfg, 0, {}, None, None
+    fed.dataset, fed.clock = ds, SimClock()
+    fed.system = SystemModel(cfg.system, POPULATION, 1000.0, 0)
+    picks = [fed.sample(r, 5) for r in range(3)]
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 28 * 2**20, f"driver set-up for {POPULATION} clients peaked at {peak / 2**20:.0f} MB"
+    assert all(len(p) == 5 for p in picks)
+    for obj in (ds, ds.source, fed, fed.system, fed.system.availability):
+        for name, value in vars(obj).items():
+            if isinstance(value, (list, dict, set, tuple)):
+                assert len(value) < 1000, f"{type(obj).__name__}.{name} holds {len(value)} entries"
+
+
+# ---------------------------------------------------------------- a real lazy run
+
+
+def lazy_run(results_dir: Path, hosts: int):
+    from rayfl.results import load
+    from rayfl.runner import run_experiment
+
+    cfg = lazy_cfg(
+        POPULATION, "algorithm.name=fedavg", "algorithm.clients_per_round=12", "algorithm.batch_size=8", "run.rounds=3",
+        "run.eval_every=1", "data.synthetic_eval_clients=50", f"engine.num_hosts={hosts}", "engine.num_cpus_per_host=0.5",
+        "system.availability.kind=periodic", "system.availability.period=10",
+        f"output.dir={results_dir}", f"run.run_id=lazy-h{hosts}",
+    )
+    return load(run_experiment(cfg).run_dir)
+
+
+@pytest.fixture(scope="module")
+def lazy_runs(ray_local, tmp_path_factory):
+    results_dir = tmp_path_factory.mktemp("lazy") / "results"
+    return {h: lazy_run(results_dir, h) for h in (1, 2)}
+
+
+def test_lazy_run_is_identical_on_1_and_2_hosts(lazy_runs):
+    layout = ["wall_time", "host", "run_id", "experiment"]
+
+    def comparable(df: pd.DataFrame) -> pd.DataFrame:
+        return df.drop(columns=[c for c in layout if c in df.columns]).reset_index(drop=True)
+
+    one, two = lazy_runs[1], lazy_runs[2]
+    assert one.clients["host"].nunique() == 1 and two.clients["host"].nunique() == 2
+    assert len(one.rounds) == 3 and (one.clients["outcome"] == "ok").sum() > 0
+    pd.testing.assert_frame_equal(comparable(one.rounds), comparable(two.rounds))
+    pd.testing.assert_frame_equal(comparable(one.clients), comparable(two.clients))
+    pd.testing.assert_frame_equal(comparable(one.evals), comparable(two.evals))
+    # every task saw its client's lazily made rows
+    cfg = lazy_cfg(POPULATION)
+    n_train, _ = split_clients(lazy_sizes(cfg.data, POPULATION, cfg.run.seed), cfg.data.test_fraction)
+    clients = one.clients
+    np.testing.assert_array_equal(clients["num_samples"].to_numpy(), n_train[clients["client"].to_numpy()])

@@ -1,0 +1,110 @@
+"""Start-up (issue 13, part 7): commands that run nothing import neither torch nor Ray, and
+`rayfl bench startup` splits a whole `rayfl run` process into phases that add up."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rayfl.bench.startup import PHASES, phase_seconds
+from rayfl.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Run in a fresh interpreter (this test process has torch loaded long ago): commands that run
+# nothing import neither torch nor Ray, and config mistakes never import Ray.
+PROBE = """
+import json, sys
+from rayfl.cli import main
+codes = []
+for argv in (["--help"], ["run", "--help"], ["bench", "startup", "--help"]):
+    try:
+        main(argv)
+    except SystemExit as e:
+        codes.append(e.code)
+try:
+    main(["report", sys.argv[1]])
+except FileNotFoundError:
+    codes.append("no runs")
+light = sorted(m for m in ("torch", "ray", "rayfl.engine.federation") if m in sys.modules)
+codes.append(main(["run", "--set", "algorithm.lr=-1"]))
+print(json.dumps({"codes": codes, "light": light, "ray": "ray" in sys.modules}))
+"""
+
+
+def test_help_and_report_import_neither_torch_nor_ray(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path)], capture_output=True, text=True, cwd=REPO,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["codes"] == [0, 0, 0, "no runs", 2], proc.stderr
+    assert out["light"] == [], f"imported by commands that run nothing: {out['light']}"
+    assert not out["ray"], "a config mistake imported Ray"
+    assert "algorithm.lr" in proc.stderr
+
+
+def test_phase_seconds_cover_launch_to_exit():
+    marks = [("cli", 100.5), ("config", 101.0), ("dataset", 103.0), ("ray_init", 107.5), ("printed", 120.0)]
+    phases = phase_seconds(100.0, 120.25, marks)
+    assert phases == {"cli": 0.5, "config": 0.5, "dataset": 2.0, "ray_init": 4.5, "printed": 12.5, "exit": 0.25}
+    assert sum(phases.values()) == pytest.approx(20.25)
+
+
+def test_bench_startup_writes_phases_that_add_up(tmp_path, monkeypatch, capsys):
+    """One real `rayfl run` process (tiny: 12 clients, 2 rounds) through the CLI subcommand.
+    Block-buffered stdout in the child: the run's fast exit must still flush its results line."""
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    out = tmp_path / "startup.json"
+    tiny = ["partition.num_clients=12", "algorithm.clients_per_round=3", "model.hidden=[8]", "engine.num_hosts=1"]
+    argv = ["bench", "startup", "--rounds", "2", "--out", str(out)]
+    for s in tiny:
+        argv += ["--set", s]
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result == json.loads(capsys.readouterr().out)
+    run = result["runs"][0]
+    assert set(run["phases"]) == set(PHASES), "every phase of a run is marked, once"
+    assert sum(run["phases"].values()) == pytest.approx(run["total_seconds"], abs=0.02)
+    assert 0 < run["rounds_seconds"] < run["rounds_seconds_table"] < run["total_seconds"]
+    assert run["outside_rounds_seconds"] == pytest.approx(run["total_seconds"] - run["rounds_seconds"], abs=1e-3)
+    # the rounds' own wall time is the `rounds_done` phase, up to the time between the last
+    # round's row and the run's end (the summary)
+    assert run["rounds_seconds"] == pytest.approx(run["phases"]["rounds_done"], abs=0.5)
+    assert len(run["round_seconds"]) == 2 and sum(run["round_seconds"]) == pytest.approx(run["rounds_seconds"], abs=1e-2)
+    assert result["outside_rounds_seconds"] == run["outside_rounds_seconds"]  # one run: it is the median
+    assert "engine.num_hosts=1" in result["command"] and result["command"].split()[1] == "run"
+    assert run["cpu_seconds"] > 0
+    assert Path(run["run_dir"], "manifest.json").is_file()
+
+
+def test_build_dataset_on_one_blas_thread_gives_the_same_data(monkeypatch):
+    """The run's dataset is built with BLAS on one thread (fast on a busy machine): the very
+    same arrays as the plain build, and BLAS gets its threads back afterwards."""
+    import numpy as np
+    from threadpoolctl import threadpool_info
+
+    from rayfl import runner
+    from rayfl.config import load_config
+    from rayfl.data import build_federated_dataset
+
+    def blas_threads() -> list[int]:
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    seen: list[list[int]] = []
+
+    def spy(*args):
+        seen.append(blas_threads())
+        return build_federated_dataset(*args)
+
+    cfg = load_config(None, ["data.dataset=synthetic", "data.synthetic_features=300", "partition.num_clients=30"])
+    threads = blas_threads()
+    monkeypatch.setattr(runner, "build_federated_dataset", spy)
+    ours, plain = runner.build_dataset(cfg), build_federated_dataset(cfg.data, cfg.partition, cfg.run.seed)
+    assert seen and all(n == 1 for n in seen[0]), seen
+    for key in ("train_x", "train_y", "test_x", "test_y"):
+        assert np.array_equal(getattr(ours, key), getattr(plain, key)), key
+    assert blas_threads() == threads
