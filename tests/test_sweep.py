@@ -90,6 +90,22 @@ def test_trials_get_absolute_local_paths(tmp_path: Path, monkeypatch: pytest.Mon
     assert home[0].raw["data"]["data_dir"] == "~/.rayfl/data"  # already absolute: left as written
 
 
+def test_grid_times_seeds_plans_every_combination_once() -> None:
+    """Two grid keys of two values times two seeds: eight trials, each with its own settings,
+    seed, config and run id (the Ray test below runs a smaller product)."""
+    from rayfl.sweep import plan_trials, read_job
+
+    base, _ = read_job(DIGITS)
+    spec = build_spec(None, ["algorithm.lr=0.05,0.1", "partition.alpha=0.5,1"], seeds="0,1")
+    trials = plan_trials(base, [*TINY, "output.dir=/tmp/unused"], spec, "/tmp/unused", "grid")
+    combos = {(t.settings["algorithm.lr"], t.settings["partition.alpha"], t.seed) for t in trials}
+    assert combos == {(lr, a, s) for lr in (0.05, 0.1) for a in (0.5, 1) for s in (0, 1)} and len(trials) == 8
+    for t in trials:
+        assert (t.raw["algorithm"]["lr"], t.raw["partition"]["alpha"], t.raw["run"]["seed"]) == (
+            t.settings["algorithm.lr"], t.settings["partition.alpha"], t.seed)
+    assert len({t.run_id for t in trials}) == 8
+
+
 def test_sweep_digits_job_validates() -> None:
     base, block = __import__("rayfl.sweep", fromlist=["read_job"]).read_job(REPO / "jobs" / "sweep_digits.yaml")
     spec = build_spec(block)
@@ -102,12 +118,12 @@ def test_sweep_digits_job_validates() -> None:
 def test_grid_times_seeds_runs_side_by_side_in_placement_groups(ray_local, tmp_path: Path) -> None:
     out = tmp_path / "results"
     outcome = run_sweep(
-        DIGITS, [*TINY, f"output.dir={out}"], ["algorithm.lr=0.05,0.1", "partition.alpha=0.5,1"],
+        DIGITS, [*TINY, f"output.dir={out}"], ["algorithm.lr=0.05,0.1", "partition.alpha=0.5"],
         seeds="0,1", name="grid", verbose=0,
     )
     assert outcome.errors == [] and not outcome.restored
     sweep_dir = out / "grid"
-    assert len(outcome.trials) == 8
+    assert len(outcome.trials) == 4
     assert all(s == "completed" for s in outcome.statuses.values()), outcome.statuses
     spans, groups = [], set()
     for t in outcome.trials:
@@ -122,7 +138,7 @@ def test_grid_times_seeds_runs_side_by_side_in_placement_groups(ray_local, tmp_p
         assert pg and m["sweep"]["host_placement_groups"] == [pg]
         groups.add(pg)
         spans.append((datetime.fromisoformat(m["started_at"]), datetime.fromisoformat(m["finished_at"])))
-    assert len(groups) == 8  # one group per trial
+    assert len(groups) == 4  # one group per trial
     overlapping = sum(1 for i, a in enumerate(spans) for b in spans[i + 1:] if a[0] < b[1] and b[0] < a[1])
     assert overlapping >= 1, spans  # trials ran side by side
 

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from host_fixtures import sized_host
 
 from rayfl.algorithms.fedavg import fedavg_client, fedavg_clients, scaffold_client
 from rayfl.algorithms.local import LocalSchedule
@@ -29,14 +30,7 @@ TOL = dict(rtol=1e-5, atol=2e-6)
 
 
 def make_host(vectorize: str, model: str = "mlp", seed: int = 3) -> ClientHostImpl:
-    rng = np.random.default_rng(0)
-    n = sum(SIZES.values())
-    arrays = {"train_x": rng.normal(size=(n, F_IN)).astype(np.float32),
-              "train_y": rng.integers(0, C, size=n).astype(np.int64)}
-    bounds = np.cumsum([0, *SIZES.values()])
-    clients = {c: np.arange(bounds[i], bounds[i + 1]) for i, c in enumerate(SIZES)}
-    cfg = ModelConfig(name=model, hidden=[5])
-    return ClientHostImpl(0, arrays, clients, None, cfg, (F_IN,), C, seed, flops_per_sample=10.0, vectorize=vectorize)
+    return sized_host(SIZES, F_IN, C, ModelConfig(name=model, hidden=[5]), seed, 10.0, vectorize)
 
 
 def initial(model: str = "mlp") -> np.ndarray:

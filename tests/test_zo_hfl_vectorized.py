@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from host_fixtures import sized_host
 
 from rayfl.algorithms.zo_hfl import zo_hfl_client, zo_hfl_clients
 from rayfl.config import ModelConfig
@@ -28,14 +29,7 @@ RECORD_KEYS = ("client", "num_samples", "forward_samples", "backward_samples", "
 
 
 def make_host(vectorize: str, bias: bool = True, model: str = "linear") -> ClientHostImpl:
-    rng = np.random.default_rng(0)
-    n = sum(SIZES.values())
-    arrays = {"train_x": rng.normal(size=(n, F_IN)).astype(np.float32),
-              "train_y": rng.integers(0, C, size=n).astype(np.int64)}
-    bounds = np.cumsum([0, *SIZES.values()])
-    clients = {c: np.arange(bounds[i], bounds[i + 1]) for i, c in enumerate(SIZES)}
-    cfg = ModelConfig(name=model, bias=bias, hidden=[4])
-    return ClientHostImpl(0, arrays, clients, None, cfg, (F_IN,), C, 5, flops_per_sample=1.0, vectorize=vectorize)
+    return sized_host(SIZES, F_IN, C, ModelConfig(name=model, bias=bias, hidden=[4]), 5, 1.0, vectorize)
 
 
 def dim(bias: bool = True) -> int:

@@ -207,9 +207,8 @@ def call_with_server(
     """fed.call for the sampled clients, then (with `server_as_client`) the server's own
     update on the driver, appended last. `keep`: outputs only ever summed (fed.weighted_sum)."""
     common, per_client = local_plan(fed, cfg, ids, round)
-    if keep:
-        payload["keep"] = keep
-    results: list[Any] = fed.call(ids, fn, round=round, per_client=per_client, **common, **payload)
+    kept = {"keep": keep} if keep else {}  # only then: stand-in federations in tests need not know it
+    results: list[Any] = fed.call(ids, fn, round=round, per_client=per_client, **kept, **common, **payload)
     if server is not None:
         _, mine = local_plan(fed, cfg, [server.id], round)
         schedule = mine[server.id] if mine is not None else common

@@ -1,7 +1,8 @@
 """Local training on a client, shared by the first-order methods.
 
-Parameters are one flat float32 vector; the forward pass runs through `torch.func` on views of
-that vector, so a gradient is a flat vector too and corrections (FedProx's proximal pull,
+Parameters are one flat float32 vector; the host's module runs with its parameters bound as
+views of that vector (`rayfl.models.params.bound_to`; `torch.func` on views where binding is
+not possible), so a gradient is a flat vector too and corrections (FedProx's proximal pull,
 SCAFFOLD's control variates) are plain vector arithmetic. The linear softmax model takes the
 closed-form gradient of `kernels.CrossEntropyGrad` instead of autograd (same values, ~4x
 faster per step), which is what makes long linear-model runs (ZO-HFL's Table I) affordable."""
@@ -154,7 +155,7 @@ def local_sgd_batched(
         # mapping each call and page-fault on every first write
         w = torch.empty((part.stop - lo, starts.shape[1]), dtype=starts.dtype, device=starts.device)
         if any(plans[part]):
-                scratch = _sgd_chunk(grad_fn, ctxs[part], plans[part], starts[part], w, loss_sum[part], lrs[part],
+            scratch = _sgd_chunk(grad_fn, ctxs[part], plans[part], starts[part], w, loss_sum[part], lrs[part],
                                  schedules[part], width, _column(weight_decay, part, w.device),
                                  _column(prox_mu, part, w.device), None if prox_centers is None else prox_centers[part],
                                  None if corrections is None else corrections[part], scratch)

@@ -157,6 +157,9 @@ class RunWriter:
     exception closes it as "failed" (or "interrupted" for Ctrl-C and SIGTERM) and propagates."""
 
     TABLES = ("rounds", "clients", "evals")
+    # A flush writes `rounds` last: a round's row on disk then means its task and evaluation
+    # rows are on disk too, even when the process is killed in the middle of a flush.
+    FLUSH_ORDER = ("clients", "evals", "rounds")
 
     def __init__(
         self,
@@ -344,7 +347,7 @@ class RunWriter:
         manifest. Always safe to call (a checkpoint does, so its part counts are whole files)."""
         self._check_open()
         try:
-            for table in self.TABLES:
+            for table in self.FLUSH_ORDER:
                 self._flush_table(table)
         finally:  # a failed table keeps its rows buffered, and counted
             self._buffered = sum(len(rows) for rows in self._buffers.values())
