@@ -74,7 +74,7 @@ def comparable(df: pd.DataFrame) -> pd.DataFrame:
 def run(tmp, name, *extra):
     cfg = load_config(None, [
         "partition.num_clients=9", "algorithm.clients_per_round=6", "algorithm.local_epochs=1",
-        "algorithm.batch_size=8", "model.name=mlp", "model.hidden=[8]", "run.rounds=3", "run.eval_every=1",
+        "algorithm.batch_size=8", "model.name=mlp", "model.hidden=[8]", "run.rounds=2", "run.eval_every=1",
         "output.log_clients=true", f"output.dir={tmp}", f"run.run_id={name}", "engine.num_cpus_per_host=0.5",
         *extra,
     ])
