@@ -57,6 +57,10 @@ def test_the_grid_does_not_overflow_and_rejects_non_finite_bounds():
     np.testing.assert_array_equal(exact_total(zeros, [0.5, 0.5], [[0], [1]]), np.zeros(3))
     with pytest.raises(FloatingPointError):
         common_exponent([1.0], [float("inf")])
+    # a large weight on tiny values: w * 2**E overflows, the product is scaled instead
+    tiny = [np.full(2, 1e-300), np.full(2, 2e-300)]
+    # (E is capped at 1000 here, so the grid, 2**-1000, is coarser than the values deserve)
+    np.testing.assert_allclose(exact_total(tiny, [1e9, 1e9], [[0], [1]]), 3e-291, rtol=1e-9)
     kept = KeptValue.of(np.array([1.0, np.nan], dtype=np.float32))
     assert not kept.finite and KeptValue.of(np.array([-2.0, 1.0])).max_abs == 2.0
 

@@ -65,7 +65,10 @@ def fixed_point_sum(terms: Iterable[tuple[np.ndarray, float]], exponent: int, sh
     total = np.zeros(shape, dtype=np.float64)
     term = np.empty(shape, dtype=np.float64)
     for value, weight in terms:
-        scale = math.ldexp(float(weight), exponent)  # exact: a power-of-two scaling
+        try:
+            scale = math.ldexp(float(weight), exponent)  # exact: a power-of-two scaling
+        except OverflowError:
+            scale = math.inf
         if math.isfinite(scale):
             np.multiply(value, scale, out=term, dtype=np.float64)
         else:  # w * 2**E overflows (a tiny bound): scale the product instead
