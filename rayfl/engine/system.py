@@ -16,13 +16,16 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import torch
 
 from rayfl.config import ConfigError, Distribution, SystemConfig
 from rayfl.rng import numpy_rng
+
+if TYPE_CHECKING:  # pandas is imported where a trace or the profiles table is used: 0.4 s of every run's start
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,8 @@ class SystemModel:
         return max(0.0, (seconds - comm) * self.speed[client])
 
     def profiles(self) -> pd.DataFrame:
+        import pandas as pd
+
         return pd.DataFrame(
             {
                 "client": np.arange(self.num_clients),
@@ -240,6 +245,8 @@ def read_trace(path: Path, num_clients: int) -> pd.DataFrame:
     """A device trace: CSV or Parquet with a `client` column. Its contents are checked here
     (config validation calls this before Ray starts), so a bad cell is a ConfigError naming
     the file, column and line, never a pandas traceback half-way through a run."""
+    import pandas as pd
+
     is_csv = path.suffix.lower() not in (".parquet", ".pq")
     try:
         with warnings.catch_warnings():  # more fields than header names: an error, not a warning

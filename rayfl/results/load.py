@@ -19,15 +19,17 @@ import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-import pandas as pd
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from rayfl.results.storage import Location, RunDir
 from rayfl.results.writer import RunWriter, compacted_files, is_merged_name
+
+if TYPE_CHECKING:  # imported where frames are built: a run writes results but never reads them,
+    import pandas as pd  # and pandas is 0.4 s of its start-up
 
 KEYS = ["experiment", "run_id"]
 
@@ -56,6 +58,8 @@ class Results:
 def load(path: str | Path = "results") -> Results:
     """Load every run at or below `path` (a run directory, an experiment or a results root;
     a local path or a URI such as `s3://bucket/prefix`)."""
+    import pandas as pd
+
     manifests = []
     tables: dict[str, list[pd.DataFrame]] = {t: [] for t in RunWriter.TABLES}
     for run in _find(Location.parse(path)):
@@ -156,6 +160,8 @@ def _read_run(run: Location, tables: Sequence[str] = RunWriter.TABLES) -> tuple[
 def _read_table(table_dir: Location, names: list[str] | None) -> pd.DataFrame:
     """The files `names` of one table directory, in that order; with None, every complete part
     file except merged ones (`part-c*`) that no compaction committed."""
+    import pandas as pd
+
     if names is not None:
         paths = [table_dir.child(n).path for n in names]
     else:
@@ -216,17 +222,23 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _with_keys(frame: pd.DataFrame, experiment: str, run_id: str) -> pd.DataFrame:
+    import pandas as pd
+
     rest = frame.drop(columns=[c for c in KEYS if c in frame.columns])
     keys = pd.DataFrame({"experiment": experiment, "run_id": run_id}, index=rest.index)
     return pd.concat([keys, rest], axis=1)
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    import pandas as pd
+
     out = _concat_frames(frames)
     return out if len(out.columns) else pd.DataFrame(columns=KEYS)
 
 
 def _concat_frames(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    import pandas as pd
+
     if not frames:
         return pd.DataFrame()
     if len(frames) == 1:
