@@ -194,10 +194,10 @@ def _sgd_chunk(
         step = torch.tensor([step_size(lr, t, s.lr_offset) for lr, s in zip(lrs, schedules, strict=True)],
                             dtype=w.dtype, device=w.device) * sb.active[t]
         if fused:  # plain SGD: the kernel writes w -= step * grad straight into the layers
-            loss = grad_fn.step(layers, sb.x[t], sb.y[t], sb.mask[t], step)
+            loss = grad_fn.step(layers, sb.x_at(t), sb.y_at(t), sb.mask[t], step)
             loss_sum += torch.where(sb.active[t] > 0, loss.double(), 0.0)
             continue
-        segments, loss = grad_fn(w, sb.x[t], sb.y[t], sb.mask[t])
+        segments, loss = grad_fn(w, sb.x_at(t), sb.y_at(t), sb.mask[t])
         with torch.no_grad():
             for offset, grad in segments:
                 cols = slice(offset, offset + grad.shape[1])

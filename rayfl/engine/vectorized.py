@@ -101,24 +101,52 @@ def planned_batches(ctx: ClientContext, batch_size: int, epochs: int | None, ste
 
 @dataclass
 class StackedBatches:
-    """K clients' minibatch streams as padded tensors.
+    """K clients' minibatch streams as padded index tensors over their stacked data.
 
-    `x` [T, K, B, ...] and `y` [T, K, B] the minibatches, `mask` [T, K, B] 1 for real rows,
-    `active` [T, K] 1 where client k takes step t; T is the longest client's step count and B
-    the padded width."""
+    `data_x` [K, N, ...] and `data_y` [K, N] hold each client's rows (zero-padded to the
+    largest client), `index` [T, K, B] the rows of each step's minibatch, `mask` [T, K, B] 1 for
+    real rows, `active` [T, K] 1 where client k takes step t; T is the longest client's step
+    count and B the padded width. Step t's minibatches are gathered when the step asks for
+    them (`x_at`, `y_at`), into one buffer reused by every step: gathering all T steps at once
+    held T*K*B rows (1.4 GB for 16 clients x 450 steps of 64 MNIST images) and took most of
+    the host's time."""
 
-    x: torch.Tensor
-    y: torch.Tensor
+    data_x: torch.Tensor
+    data_y: torch.Tensor
+    index: torch.Tensor
     mask: torch.Tensor
     active: torch.Tensor
+    _rows: torch.Tensor | None = None  # [T, K * B] flat row numbers into data_x viewed [K * N, ...]
+    _x: torch.Tensor | None = None
 
     @property
     def steps(self) -> int:
-        return int(self.x.shape[0])
+        return int(self.index.shape[0])
+
+    def _flat_rows(self) -> torch.Tensor:
+        if self._rows is None:
+            k, n = self.data_y.shape
+            offsets = torch.arange(k, device=self.index.device)[None, :, None] * n
+            self._rows = (self.index + offsets).reshape(self.steps, -1)
+        return self._rows
+
+    def x_at(self, t: int) -> torch.Tensor:
+        """[K, B, ...] step t's inputs (valid until the next call)."""
+        k, n = self.data_y.shape
+        feat = self.data_x.shape[2:]
+        if self._x is None:
+            self._x = torch.empty((k, self.index.shape[2], *feat), dtype=self.data_x.dtype, device=self.data_x.device)
+        torch.index_select(self.data_x.view(k * n, *feat), 0, self._flat_rows()[t], out=self._x.view(-1, *feat))
+        return self._x
+
+    def y_at(self, t: int) -> torch.Tensor:
+        """[K, B] step t's labels."""
+        k, n = self.data_y.shape
+        return self.data_y.view(k * n).index_select(0, self._flat_rows()[t]).view(k, -1)
 
 
 def stack_batches(ctxs: Sequence[ClientContext], plans: Sequence[list[torch.Tensor]], width: int) -> StackedBatches:
-    """Gather every client's planned minibatches into padded [T, K, width, ...] tensors."""
+    """Every client's planned minibatches as padded [T, K, width] indices over its data."""
     k = len(ctxs)
     t_max = max((len(p) for p in plans), default=0)
     width = max([width, *(len(i) for p in plans for i in p)])
@@ -142,9 +170,8 @@ def stack_batches(ctxs: Sequence[ClientContext], plans: Sequence[list[torch.Tens
             idx[t, j, : len(rows)] = rows
             mask[t, j, : len(rows)] = 1
     active = (mask.sum(dim=2) > 0).to(ref.x.dtype)
-    rows = torch.arange(k)[None, :, None]
     idx, mask, active = idx.to(ref.x.device), mask.to(ref.x.device), active.to(ref.x.device)
-    return StackedBatches(data_x[rows, idx], data_y[rows, idx], mask, active)
+    return StackedBatches(data_x, data_y, idx, mask, active)
 
 
 def per_client(kwargs: Sequence[Mapping[str, Any]], key: str, default: Any = None) -> list[Any]:
