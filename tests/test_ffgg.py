@@ -315,6 +315,25 @@ def test_local_ffgg_round_equals_the_hand_computation(ray_local, tmp_path):
     assert res.rounds["F_norm"].iloc[0] == pytest.approx(np.linalg.norm(o.operator(theta)), rel=1e-9)
 
 
+def test_local_ffgg_with_fedadam_and_a_step_schedule_equals_the_hand_computation(ray_local, tmp_path):
+    """Table 2's server FedAdam and client-LR scheduler: round r's clients step at 0.07 / 0.05
+    times 0.5**r (w and theta), the server takes torch's Adam step on mean Delta_m."""
+    res = quad_run(tmp_path, "local_adam", "algorithm.name=local_ffgg", "algorithm.tau=2", "algorithm.w_lr=0.07",
+                   "algorithm.theta_lr=0.05", "algorithm.local_epochs=null", "algorithm.local_steps=3",
+                   "algorithm.server_lr=0.05", "algorithm.server_optimizer={name: adam}",
+                   "algorithm.round_lr={kind: step, step_rounds: 1, factor: 0.5}")
+    p = torch.nn.Parameter(torch.zeros(DT, dtype=torch.float64))
+    opt, o = torch.optim.Adam([p], lr=0.05), oracle()
+    for r in range(ROUNDS):
+        theta, scale = p.detach().numpy().copy(), 0.5**r
+        deltas = [hand_local_client(design(m), theta, w_init(r, m), 2, 3, 0.07 * scale, 0.05 * scale) for m in range(3)]
+        opt.zero_grad()
+        p.grad = torch.tensor(np.mean(deltas, axis=0))
+        opt.step()
+        want = np.linalg.norm(o.operator(p.detach().numpy()))
+        assert res.rounds.sort_values("round")["F_norm"].iloc[r] == pytest.approx(want, rel=1e-9)
+
+
 # ---------------------------------------------------------------- the quadratic baselines (Fig. 1b-d)
 
 

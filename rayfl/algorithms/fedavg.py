@@ -19,7 +19,9 @@ import torch
 
 from rayfl.algorithms.base import eval_due
 from rayfl.algorithms.local import LocalSchedule, local_sgd, local_sgd_batched, lr_sum
+from rayfl.algorithms.round_lr import RoundLRConfig, round_lr
 from rayfl.algorithms.server_client import ServerClient
+from rayfl.algorithms.server_opt import AdamMoments, ServerOptimizerConfig, server_step
 from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
 from rayfl.engine import ClientContext, ClientResult, Federation
 from rayfl.engine.vectorized import batched, per_client, stack_vectors
@@ -36,7 +38,9 @@ class FedAvgConfig(AlgorithmConfig):
     local_steps with H_{i,r} steps, e.g. ZO-HFL's ceil(tau sqrt(r + 1)); `lr_schedule:
     harmonic` uses lr / (t + lr_offset) at in-round step t (ZO-HFL's 0.1 / (t + 1)).
     `server_as_client` adds the server's data as an always-on client (an ablation; the
-    papers' baselines do not use it)."""
+    papers' baselines do not use it). `server_optimizer: {name: adam}` is FedAdam (Reddi et
+    al. 2021) on the pseudo-gradient -mean delta at `server_lr`; `round_lr` schedules the
+    clients' lr across rounds (linear warm-up and decay, or step halving)."""
 
     name: str = "fedavg"
     server_lr: float = 1.0
@@ -45,9 +49,13 @@ class FedAvgConfig(AlgorithmConfig):
     lr_schedule: Literal["constant", "harmonic"] = "constant"
     lr_offset: float = 1.0
     server_as_client: bool = False
+    server_optimizer: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
+    round_lr: RoundLRConfig = field(default_factory=RoundLRConfig)
 
     def validate(self) -> None:
         check_budget_fields(self, self.local_schedule, "algorithm.local_schedule")
+        self.server_optimizer.validate_as("algorithm.server_optimizer")
+        self.round_lr.validate_as("algorithm.round_lr")
         if not self.server_lr > 0:
             raise ConfigError("algorithm.server_lr", f"must be > 0, got {self.server_lr}")
         if not self.lr_offset > 0:
@@ -77,12 +85,19 @@ class ScaffoldConfig(FedAvgConfig):
     name: str = "scaffold"
     weighting: Literal["samples", "uniform"] = "uniform"
 
+    def validate(self) -> None:
+        super().validate()
+        if self.server_optimizer.name != "sgd":
+            raise ConfigError("algorithm.server_optimizer.name", "SCAFFOLD's server step is SGD (Alg. 1); use sgd")
+
 
 @dataclass
 class ModelState:
-    """What FedAvg's and FedProx's server carries between rounds: the global model."""
+    """What FedAvg's and FedProx's server carries between rounds: the global model (and
+    FedAdam's moments)."""
 
     x: np.ndarray
+    moments: AdamMoments = field(default_factory=AdamMoments)
 
 
 @dataclass
@@ -257,13 +272,15 @@ def run_fedavg(fed: Federation, cfg: FedAvgConfig, run: RunConfig) -> dict[str, 
     for r in fed.rounds(run.rounds):
         ids = clients_this_round(fed, cfg, r)
         results = call_with_server(
-            fed, fedavg_client, ids, cfg, r, server, keep=("delta",), params=s.x, lr=cfg.lr,
+            fed, fedavg_client, ids, cfg, r, server, keep=("delta",), params=s.x, lr=round_lr(cfg.round_lr, cfg.lr, r, run.rounds),
             weight_decay=cfg.weight_decay, prox_mu=prox_mu,
         )
         metrics = {"num_updates": 0}
         if results:  # late and failed clients are not in `results`: never applied
             weights = update_weights(fed, results, cfg.weighting, server)
-            s.x = (s.x + cfg.server_lr * fed.weighted_sum(results, "delta", weights)).astype(np.float32)
+            delta = fed.weighted_sum(results, "delta", weights)
+            moments = getattr(s, "moments", None)  # a checkpoint from before FedAdam has none (and is SGD)
+            s.x = server_step(s.x, delta, cfg.server_lr, cfg.server_optimizer, moments).astype(np.float32)
             check_finite(s.x, r)
             metrics = round_metrics(fed, results, weights)
         metrics.update(evaluate_if_due(fed, s.x, r, run))
@@ -281,7 +298,7 @@ def run_scaffold(fed: Federation, cfg: ScaffoldConfig, run: RunConfig) -> dict[s
         ids = clients_this_round(fed, cfg, r)
         results = call_with_server(
             fed, scaffold_client, ids, cfg, r, server, keep=("delta", "delta_control"), params=s.x,
-            control=s.control, lr=cfg.lr, weight_decay=cfg.weight_decay,
+            control=s.control, lr=round_lr(cfg.round_lr, cfg.lr, r, run.rounds), weight_decay=cfg.weight_decay,
         )
         metrics = {"num_updates": 0}
         if results:  # only accepted tasks: their clients' c_i, and nobody else's, moved

@@ -22,7 +22,7 @@ Step sizes left null take the quadratic's constants: gamma_theta = 1/L, gamma_w 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -38,6 +38,8 @@ from rayfl.algorithms.finetune import (
     make_objective,
     to_tensor,
 )
+from rayfl.algorithms.round_lr import RoundLRConfig, round_lr
+from rayfl.algorithms.server_opt import AdamMoments, ServerOptimizerConfig, server_step
 from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
 from rayfl.engine import ClientContext, Federation
 from rayfl.robust.aggregators import RobustConfig
@@ -92,13 +94,20 @@ class LocalFFGGConfig(FFGGConfig):
     """Local FFGG (Alg. 4): after fine-tuning, K = `local_steps` alternating (w, theta) steps
     (or `local_epochs` epochs of minibatches on networks) with local theta step `theta_lr`
     (null: 1/L on the quadratic, algorithm.lr on networks); the server adds server_lr times
-    the mean model delta (server_lr null: 1, Alg. 4 line 11)."""
+    the mean model delta (server_lr null: 1, Alg. 4 line 11), or takes a FedAdam step on it
+    (`server_optimizer: {name: adam}`, the paper's Table 2 for StackOverflow and GLDv2).
+    `round_lr` scales both client step sizes (w and theta) across rounds (Table 2's global
+    scheduler)."""
 
     name: str = "local_ffgg"
     theta_lr: float | None = None
+    server_optimizer: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
+    round_lr: RoundLRConfig = field(default_factory=RoundLRConfig)
 
     def validate(self) -> None:
         super().validate()
+        self.server_optimizer.validate_as("algorithm.server_optimizer")
+        self.round_lr.validate_as("algorithm.round_lr")
         if self.theta_lr is not None and not self.theta_lr > 0:
             raise ConfigError("algorithm.theta_lr", f"must be > 0 or null, got {self.theta_lr}")
 
@@ -125,6 +134,7 @@ class FFGGState:
 
     theta: np.ndarray
     robust_ref: np.ndarray | None = None
+    moments: AdamMoments = field(default_factory=AdamMoments)  # Local FFGG's FedAdam
 
 
 # ---------------------------------------------------------------- the split, server side
@@ -285,13 +295,18 @@ def run_local_ffgg(fed: Federation, cfg: LocalFFGGConfig, run: RunConfig) -> dic
     metrics: dict[str, Any] = {}
     for r in fed.rounds(run.rounds):
         ids = clients_this_round(fed, cfg, r)
+        tune_r, theta_lr_r = tune, theta_lr
+        if cfg.round_lr.kind != "constant":
+            scale = round_lr(cfg.round_lr, 1.0, r, run.rounds)
+            tune_r, theta_lr_r = replace(tune, lr=tune.lr * scale), theta_lr * scale
         results = fed.call(
             ids, local_ffgg_client, round=r, per_client=byz.per_client(ids), theta=s.theta, split=split.spec,
-            tune=tune, theta_lr=theta_lr, local_steps=cfg.local_steps, local_epochs=cfg.local_epochs,
+            tune=tune_r, theta_lr=theta_lr_r, local_steps=cfg.local_steps, local_epochs=cfg.local_epochs,
         )
         if results:
-            g = aggregate_round(byz, s, results, r)
-            s.theta = (s.theta.astype(np.float64) - server_lr * g).astype(split.theta0.dtype)
+            g = aggregate_round(byz, s, results, r)  # the mean of Delta_m = theta^r - theta_m: -(mean delta)
+            moments = getattr(s, "moments", None)  # a checkpoint from before FedAdam has none (and is SGD)
+            s.theta = server_step(s.theta.astype(np.float64), -g, server_lr, cfg.server_optimizer, moments).astype(split.theta0.dtype)
             check_finite(s.theta, r)
         metrics = round_metrics(split, s.theta, results)
         metrics.update(evaluate_if_due(fed, split, s.theta, r, run))

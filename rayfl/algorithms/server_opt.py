@@ -1,0 +1,69 @@
+"""Server optimizers: how the server turns a round's mean client update into its step.
+
+Reddi et al., "Adaptive Federated Optimization" (ICLR 2021): the mean model delta is a
+pseudo-gradient g = -mean(delta) for any optimizer on the server. `sgd` with server_lr 1 is
+FedAvg's plain average; `adam` is FedAdam, used by the FFGG paper's Table 2 for StackOverflow
+and GLDv2 with unreported constants, for which the spec (partial-personalization 6.16) takes
+torch's Adam: beta1 0.9, beta2 0.999, eps 1e-8, bias-corrected moments. The moments live in the
+algorithm's tracked server state, so checkpoints carry them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from rayfl.config import ConfigError
+
+
+@dataclass
+class ServerOptimizerConfig:
+    """name: sgd (x + server_lr * mean delta) or adam (FedAdam); beta1, beta2, eps: Adam's."""
+
+    name: Literal["sgd", "adam"] = "sgd"
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+
+    def validate_as(self, key: str) -> None:
+        if self.name not in ("sgd", "adam"):
+            raise ConfigError(f"{key}.name", f"unknown {self.name!r}; allowed: sgd, adam")
+        for field_name in ("beta1", "beta2"):
+            value = getattr(self, field_name)
+            if not 0.0 <= value < 1.0:
+                raise ConfigError(f"{key}.{field_name}", f"must be in [0, 1), got {value}")
+        if not self.eps > 0:
+            raise ConfigError(f"{key}.eps", f"must be > 0, got {self.eps}")
+
+
+@dataclass
+class AdamMoments:
+    """FedAdam's first and second moments of the pseudo-gradient (float64) and its step count."""
+
+    m: np.ndarray | None = None
+    v: np.ndarray | None = None
+    steps: int = 0
+
+
+def server_step(
+    x: np.ndarray, delta: np.ndarray, lr: float, cfg: ServerOptimizerConfig, moments: AdamMoments | None
+) -> np.ndarray:
+    """x after one server step on the round's mean delta, in float64 (the caller casts).
+
+    sgd:  x + lr * delta
+    adam: g = -delta; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2  (moments updated in place);
+          x - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)"""
+    if cfg.name == "sgd":
+        return x + lr * delta
+    if moments is None:
+        raise ValueError("FedAdam needs the server state's AdamMoments")
+    g = -np.asarray(delta, dtype=np.float64)
+    if moments.m is None or moments.v is None:
+        moments.m, moments.v = np.zeros_like(g), np.zeros_like(g)
+    moments.steps += 1
+    moments.m = cfg.beta1 * moments.m + (1.0 - cfg.beta1) * g
+    moments.v = cfg.beta2 * moments.v + (1.0 - cfg.beta2) * g * g
+    m_hat = moments.m / (1.0 - cfg.beta1**moments.steps)
+    v_hat = moments.v / (1.0 - cfg.beta2**moments.steps)
+    return np.asarray(x, dtype=np.float64) - lr * m_hat / (np.sqrt(v_hat) + cfg.eps)
