@@ -295,13 +295,11 @@ def run_local_ffgg(fed: Federation, cfg: LocalFFGGConfig, run: RunConfig) -> dic
     metrics: dict[str, Any] = {}
     for r in fed.rounds(run.rounds):
         ids = clients_this_round(fed, cfg, r)
-        tune_r, theta_lr_r = tune, theta_lr
-        if cfg.round_lr.kind != "constant":
-            scale = round_lr(cfg.round_lr, 1.0, r, run.rounds)
-            tune_r, theta_lr_r = replace(tune, lr=tune.lr * scale), theta_lr * scale
+        scale = round_lr(cfg.round_lr, 1.0, r, run.rounds)  # 1.0 (exactly) without a schedule
         results = fed.call(
             ids, local_ffgg_client, round=r, per_client=byz.per_client(ids), theta=s.theta, split=split.spec,
-            tune=tune_r, theta_lr=theta_lr_r, local_steps=cfg.local_steps, local_epochs=cfg.local_epochs,
+            tune=replace(tune, lr=tune.lr * scale), theta_lr=theta_lr * scale, local_steps=cfg.local_steps,
+            local_epochs=cfg.local_epochs,
         )
         if results:
             g = aggregate_round(byz, s, results, r)  # the mean of Delta_m = theta^r - theta_m: -(mean delta)

@@ -44,11 +44,7 @@ def round_lr(cfg: RoundLRConfig, lr: float, round: int, rounds: int) -> float:
         return lr
     if cfg.kind == "step":
         return lr * cfg.factor ** (round // cfg.step_rounds)
-    warmup = round_half_up(cfg.warmup_fraction * rounds)
+    warmup = int(cfg.warmup_fraction * rounds + 0.5)  # rounded half up
     if round < warmup:
         return lr * (round + 1) / warmup
     return lr * (rounds - round) / max(rounds - warmup, 1)
-
-
-def round_half_up(x: float) -> int:
-    return int(x + 0.5)
