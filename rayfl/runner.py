@@ -23,6 +23,7 @@ from rayfl.config import Config, ConfigError, config_from_dict
 from rayfl.data import FederatedDataset, build_federated_dataset
 from rayfl.engine import Federation
 from rayfl.engine.checkpoint import Checkpoint, load_checkpoint
+from rayfl.engine.local_ray import start_local_ray, stop_ray
 from rayfl.engine.resources import check_cluster
 from rayfl.progress import mark
 from rayfl.results import RunWriter
@@ -81,9 +82,7 @@ def init_ray(cfg: Config) -> bool:
     if address:
         ray.init(address=address, **kwargs)
     else:
-        # "local" always starts a fresh instance, never attaching to whatever cluster
-        # /tmp/ray/ray_current_cluster last pointed at.
-        ray.init(address="local", include_dashboard=False, **kwargs)
+        start_local_ray(**kwargs)
     return True
 
 
@@ -137,7 +136,7 @@ def run_experiment(
         return _execute(cfg, dataset, writer, None, progress, on_start)
     finally:
         if started_ray:
-            ray.shutdown()
+            stop_ray()
             mark("ray_shutdown")
 
 
@@ -162,9 +161,7 @@ def resume_experiment(
         return _execute(cfg, dataset, writer, ckpt, progress, on_start)
     finally:
         if started_ray:
-            import ray
-
-            ray.shutdown()
+            stop_ray()
 
 
 def resume_target(run_dir: str | Path) -> int:

@@ -455,6 +455,7 @@ def run_sweep(
     import ray
     from ray import tune
 
+    from rayfl.engine.local_ray import stop_ray
     from rayfl.runner import init_ray
 
     base, block = read_job(job)
@@ -518,7 +519,7 @@ def run_sweep(
         return SweepOutcome(str(sweep_dir.name), trials, statuses, errors, restored)
     finally:
         if started:
-            ray.shutdown()
+            stop_ray()
 
 
 def trial_payload(name: str, trial: Trial) -> dict[str, Any]:

@@ -109,3 +109,35 @@ def test_build_dataset_on_one_blas_thread_gives_the_same_data(monkeypatch):
     for key in ("train_x", "train_y", "test_x", "test_y"):
         assert np.array_equal(getattr(ours, key), getattr(plain, key)), key
     assert blas_threads() == threads
+
+
+# A local Ray as a run starts it: its idle workers have imported the hosts' modules before
+# any host asks them to, and stop_ray leaves no autoscaler monitor behind.
+LOCAL_RAY = """
+import json, sys, time
+import ray
+from rayfl.engine.local_ray import start_local_ray, stop_ray
+
+start_local_ray(num_cpus=1, logging_level="ERROR")
+monitor = ray._private.worker._global_node.all_processes["monitor"][0].process
+
+@ray.remote(num_cpus=1)
+def preloaded():
+    return sorted(m for m in ("torch", "rayfl.engine.host", "rayfl.algorithms") if m in sys.modules)
+
+time.sleep(1)
+mods = ray.get(preloaded.remote())
+early = stop_ray()
+print(json.dumps({"preloaded": mods, "early": early, "monitor": monitor.pid, "monitor_exit": monitor.poll(),
+                  "up": ray.is_initialized()}))
+"""
+
+
+def test_local_ray_preloads_host_modules_and_stops_its_monitor():
+    proc = subprocess.run([sys.executable, "-c", LOCAL_RAY], capture_output=True, text=True, cwd=REPO, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["preloaded"] == ["rayfl.algorithms", "rayfl.engine.host", "torch"]
+    assert out["early"] == [out["monitor"]], "the monitor was left to ray.shutdown's 1 s SIGTERM grace"
+    assert out["monitor_exit"] == -9
+    assert not out["up"]

@@ -234,3 +234,42 @@ def test_batched_mlp_kernel_matches_float64_autograd_per_client():
     kernel.step(layers, x, y, m, step)
     kernel.join(layers, moved)
     np.testing.assert_allclose(moved.numpy(), (w - step[:, None] * grad).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_chunks_are_near_equal_and_within_the_byte_budget():
+    from rayfl.algorithms.local import CHUNK_BYTES, chunk_slices
+
+    mlp_row = 159_010 * 4  # MLP 784-200-10 in float32
+    parts = chunk_slices(50, mlp_row)
+    assert [p.stop - p.start for p in parts] == [13, 13, 12, 12]
+    assert parts[0].start == 0 and parts[-1].stop == 50
+    assert all(a.stop == b.start for a, b in zip(parts[:-1], parts[1:], strict=True))
+    assert all((p.stop - p.start) * mlp_row <= CHUNK_BYTES for p in parts)
+    assert [p.stop - p.start for p in chunk_slices(3, 7_850 * 4)] == [3]  # a linear model: one chunk
+    assert [p.stop - p.start for p in chunk_slices(2, CHUNK_BYTES * 2)] == [1, 1]  # never an empty chunk
+    assert chunk_slices(0, mlp_row) == []
+
+
+def test_host_keeps_freed_memory_for_the_next_round():
+    """Four chunk-sized buffers freed and allocated again: with the host's malloc settings the
+    second round reuses the pages instead of faulting them in afresh (glibc trims 32 MB freed
+    at the top of the heap by default)."""
+    import resource
+    import sys
+
+    from rayfl.engine.host import retain_freed_memory
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("glibc malloc settings")
+    retain_freed_memory()
+
+    def one_round() -> None:
+        bufs = [np.empty(2 << 20, dtype=np.float32) for _ in range(4)]  # 4 x 8 MB
+        for b in bufs:
+            b.fill(1.0)
+
+    one_round()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    one_round()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    assert faults < 500, f"{faults} page faults re-touching 32 MB (8,192 pages) that were freed"

@@ -157,13 +157,12 @@ def fedavg_clients(ctxs: list[ClientContext], kwargs: list[dict[str, Any]]) -> l
     out = local_sgd_batched(
         ctxs, x, per_client(kwargs, "lr"), per_client(kwargs, "schedule"),
         weight_decay=per_client(kwargs, "weight_decay", 0.0), prox_mu=per_client(kwargs, "prox_mu", 0.0), prox_centers=x,
+        minus_start=True,
     )
     if out is None:
         return None
-    finals, losses = out
-    for j, row in enumerate(finals):
-        row -= x[j]  # in place: the final vectors' buffers become the deltas
-    return [{"delta": finals[j], "loss": losses[j]} for j in range(len(ctxs))]
+    deltas, losses = out
+    return [{"delta": deltas[j], "loss": losses[j]} for j in range(len(ctxs))]
 
 
 @batched(scaffold_client)

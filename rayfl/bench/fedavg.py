@@ -88,9 +88,9 @@ def run_fedavg_bench(
                                    vec, pre, h))
     finally:
         if started:
-            import ray
+            from rayfl.engine.local_ray import stop_ray
 
-            ray.shutdown()
+            stop_ray()
     summary = {
         "workload": workload,
         "data": "synthetic IID, 784 features, 10 classes (shaped like MNIST, generated offline); "

@@ -14,7 +14,9 @@ order), so they cost no extra round trip."""
 from __future__ import annotations
 
 import copy
+import ctypes
 import os
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -52,6 +54,7 @@ class ClientHostImpl:
         vectorize: str = "off",
     ):
         torch.set_num_threads(torch_threads)
+        retain_freed_memory()
         self.vectorize = vectorize  # engine.vectorize: run opted-in algorithms' clients as one batch
         self.host_id = host_id
         self.arrays = arrays
@@ -330,6 +333,29 @@ def same_state(a: dict[str, Any], b: dict[str, Any]) -> bool:
 def _map_tensors(state: dict[str, Any], fn: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, Any]:
     """`state` with `fn` applied to its top-level tensors (device moves for export / import)."""
     return {k: fn(v) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
+
+# glibc mallopt parameters (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+
+
+def retain_freed_memory(trim: int = 1 << 30, mmap: int = 32 << 20) -> None:
+    """Keep freed heap memory in this process instead of handing it back to the kernel.
+
+    A round's batched client outputs are a few chunk buffers of several MB each, freed once
+    the driver has summed them; glibc returns that much free memory at the top of the heap to
+    the kernel (its trim threshold follows its mmap threshold, 2x the largest freed block), so
+    the next round page-faults on every first write: 11% of a vectorised fedavg-mlp host's
+    time went to writing its outputs. With these thresholds the same pages come back from the
+    free lists. The price is resident memory that stays at the host's peak. glibc only."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(M_TRIM_THRESHOLD, trim)
+        libc.mallopt(M_MMAP_THRESHOLD, mmap)
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        pass
 
 
 def resolve_device(device: str) -> torch.device:

@@ -89,6 +89,7 @@ def run_plan(plan: Plan, out: str, overrides: list[str], jobs: Path = JOBS, log=
     """Run every stage in order (skipping completed runs) on one Ray session; returns the run
     directories by run id."""
     from rayfl.config import load_config
+    from rayfl.engine.local_ray import stop_ray
     from rayfl.runner import init_ray, run_experiment
 
     root = Path(out).expanduser().absolute() / plan.experiment
@@ -118,9 +119,7 @@ def run_plan(plan: Plan, out: str, overrides: list[str], jobs: Path = JOBS, log=
             log(f"[table1] {r.run_id}: done in {outcome.wall_seconds:.0f}s, test_accuracy={acc}")
     finally:
         if started:
-            import ray
-
-            ray.shutdown()
+            stop_ray()
     return dirs
 
 
