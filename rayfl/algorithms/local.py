@@ -303,16 +303,11 @@ class BatchedMLPGrad:
              minus: torch.Tensor | None = None) -> None:
         """Write `split`'s (updated) layers back into the flat vectors `w`, less the flat
         vectors `minus` if given (in the same pass)."""
-        if minus is None:
-            for (weight, b), (dst_w, dst_b) in zip(layers, self._layers(w), strict=True):
-                dst_w.copy_(weight)
-                if b is not None:
-                    dst_b.copy_(b)
-            return
-        for (weight, b), (dst_w, dst_b), (sub_w, sub_b) in zip(layers, self._layers(w), self._layers(minus), strict=True):
-            torch.sub(weight, sub_w, out=dst_w)
+        subtract = self._layers(minus) if minus is not None else [(None, None)] * len(layers)
+        for (weight, b), (dst_w, dst_b), (sub_w, sub_b) in zip(layers, self._layers(w), subtract, strict=True):
+            _write(dst_w, weight, sub_w)
             if b is not None:
-                torch.sub(b, sub_b, out=dst_b)
+                _write(dst_b, b, sub_b)
 
     def step(self, layers: list[tuple[torch.Tensor, torch.Tensor | None]], x: torch.Tensor, y: torch.Tensor,
              m: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
@@ -362,6 +357,14 @@ class BatchedMLPGrad:
             if back is not None:
                 dz = back
         return grads, loss
+
+
+def _write(dst: torch.Tensor, src: torch.Tensor, minus: torch.Tensor | None) -> None:
+    """dst = src, or src - minus in the same pass."""
+    if minus is None:
+        dst.copy_(src)
+    else:
+        torch.sub(src, minus, out=dst)
 
 
 def _masked_grad(model: torch.nn.Module):
