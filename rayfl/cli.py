@@ -21,6 +21,7 @@ examples:
   rayfl validate jobs/x.yaml                  check a job and print the resolved config
   rayfl partition jobs/x.yaml --plot part.png the client x class matrix of a job's partition
   rayfl report results/                       tables and plots from finished runs
+  rayfl pool start --address auto             warm hosts on a running Ray: runs joining it start faster
   rayfl bench scale --clients 10000           seconds per round and peak memory at scale
   rayfl bench async --clients 1000            stragglers: sync vs deadline vs FedBuff; async speed-up
   rayfl bench zo                              wall time of a ZO-HFL round vs FedAvg rounds (offline MNIST)
@@ -94,6 +95,23 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--mode", choices=["max", "min"], help="whether the metric is maximised (default max)")
     sw.add_argument("--address", help="Ray address ('auto' for a running cluster); default: RAY_ADDRESS or local")
 
+    pool = sub.add_parser(
+        "pool", help="warm hosts on a running Ray, leased by the runs that join it (faster start-up)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Keep host processes that have already imported torch and rayfl on a running Ray "
+                    "(`ray start --head`). A run joining that Ray (--address, RAY_ADDRESS) leases idle "
+                    "ones instead of starting its own hosts (engine.pool: auto; CPU hosts), with the same "
+                    "results, and hands them back emptied. A pooled host whose loaded code changed on "
+                    "disk is replaced by a fresh one.",
+        epilog="example:\n  ray start --head --num-cpus 2\n  rayfl pool start --hosts 2 --address auto\n"
+               "  rayfl run jobs/x.yaml --address auto      leases the two warm hosts\n"
+               "  rayfl pool stop --address auto",
+    )
+    pool.add_argument("action", choices=["start", "status", "stop"],
+                      help="start: top the pool up to --hosts; status: one line per host; stop: kill them")
+    pool.add_argument("--hosts", type=int, default=2, help="pooled hosts wanted (start; default 2)")
+    pool.add_argument("--address", help="the running Ray ('auto' for the latest one started here); default: RAY_ADDRESS or auto")
+
     val = sub.add_parser("validate", help="check a job and print its resolved config")
     job_args(val)
 
@@ -135,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--repeat", type=int, default=1, help="timed runs (the summary is the median one)")
     st.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="extra override for the run, e.g. --set engine.num_hosts=1; repeatable")
+    st.add_argument("--warm", action="store_true",
+                    help="time runs that join a head with warm pooled hosts (the bench starts and stops both)")
+    st.add_argument("--hosts", type=int, default=2, help="pooled hosts with --warm (default 2)")
     st.add_argument("--out", default="bench/startup.json")
     for workload in ("fedavg-mlp", "fedavg-linear"):
         fa = bsub.add_parser(workload, help=f"{workload}: rayfl vs a plain PyTorch loop doing the same client work "
@@ -334,6 +355,38 @@ def _on_off_list(text: str) -> list[str]:
     return values
 
 
+def cmd_pool(args: argparse.Namespace) -> int:
+    import logging
+    import os
+
+    import ray
+
+    from rayfl.config import ConfigError
+    from rayfl.engine import pool
+
+    if args.hosts < 0:
+        raise ConfigError("--hosts", "must be >= 0")
+    address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
+    try:
+        ray.init(address=address, logging_level=logging.WARNING)
+    except ConnectionError as e:
+        raise ConfigError("--address", f"no running Ray at {address!r} (start one with `ray start --head`): {e}") from None
+    try:
+        if args.action == "start":
+            started = pool.start_pool(args.hosts)
+            print(f"started {len(started)} pooled host(s)", file=sys.stderr)
+        elif args.action == "stop":
+            print(f"stopped {pool.stop_pool()} pooled host(s)", file=sys.stderr)
+            return 0
+        for st in pool.pool_status():
+            state = f"leased by process {st['leased_by']}" if st["leased_by"] else "idle"
+            stale = ", stale (replaced at the next run's end)" if st["stale"] else ""
+            print(f"{st['name']}: pid {st['pid']}, {state}{stale}, {st['leases']} lease(s), {st['rss_mb']} MB")
+    finally:
+        ray.shutdown()
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     result: dict[str, Any]
     if args.bench == "scale":
@@ -343,7 +396,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     elif args.bench == "startup":
         from rayfl.bench.startup import run_startup_bench
 
-        result = run_startup_bench(args.workload, args.rounds, args.repeat, Path(args.out), args.overrides)
+        result = run_startup_bench(args.workload, args.rounds, args.repeat, Path(args.out), args.overrides,
+                                   warm=args.warm, hosts=args.hosts)
     elif args.bench == "zo":
         from rayfl.bench.zo import run_zo_bench
 
@@ -369,6 +423,7 @@ COMMANDS = {
     "partition": cmd_partition,
     "report": cmd_report,
     "bench": cmd_bench,
+    "pool": cmd_pool,
 }
 
 

@@ -331,9 +331,14 @@ class EngineConfig:
     # stay on the hosts, which send one exact partial sum each (rayfl.engine.exact_sum), not one
     # vector per client. Same bits as `off`, for any number of hosts.
     preaggregate: Literal["on", "off"] = "off"
+    # Warm hosts (rayfl.engine.pool, `rayfl pool start` on a running head): `auto` leases the
+    # joined Ray's idle pooled hosts instead of starting fresh ones (CPU hosts only; the same
+    # results), `off` always starts fresh hosts.
+    pool: Literal["auto", "off"] = "auto"
 
     def validate(self) -> None:
         _choice("engine.vectorize", self.vectorize, ("auto", "on", "off"))
+        _choice("engine.pool", self.pool, ("auto", "off"))
         _choice("engine.preaggregate", self.preaggregate, ("on", "off"))
         if self.num_hosts is not None:
             _positive("engine.num_hosts", self.num_hosts)

@@ -80,7 +80,12 @@ def init_ray(cfg: Config) -> bool:
     address = cfg.engine.address or os.environ.get("RAY_ADDRESS")
     kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True}
     if address:
-        ray.init(address=address, **kwargs)
+        try:
+            ray.init(address=address, **kwargs)
+        except ConnectionError as e:  # no head there, or its token auth refused us
+            field = "engine.address" if cfg.engine.address else "RAY_ADDRESS"
+            hint = "" if os.environ.get("RAY_AUTH_MODE") else " (a head with token auth needs RAY_AUTH_MODE=token)"
+            raise ConfigError(field, f"cannot join the Ray at {address!r}{hint}: {' '.join(str(e).split())}") from None
     else:
         start_local_ray(**kwargs)
     return True
@@ -95,8 +100,14 @@ def build_dataset(cfg: Config) -> FederatedDataset:
     the output, each computed alike whatever the number of threads."""
     from threadpoolctl import threadpool_limits
 
+    from rayfl.data.cache import cached_build
+
     with threadpool_limits(1, user_api="blas"):
-        return build_federated_dataset(cfg.data, cfg.partition, cfg.run.seed)
+        # A rerun of the same config loads the built dataset from disk (rayfl.data.cache).
+        return cached_build(
+            cfg.data, cfg.partition, cfg.run.seed,
+            lambda: build_federated_dataset(cfg.data, cfg.partition, cfg.run.seed),
+        )
 
 
 def run_experiment(

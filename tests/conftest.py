@@ -3,12 +3,29 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_MNIST = REPO.parent / "shared" / "data" / "mnist"
+_CACHE_DIR: str | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Give the session (and every process it starts: they inherit os.environ) its own empty
+    dataset cache, so tests never read or fill the user's ~/.cache/rayfl. Each xdist worker
+    runs this too and gets its own."""
+    global _CACHE_DIR
+    _CACHE_DIR = tempfile.mkdtemp(prefix="rayfl-test-cache-")
+    os.environ["RAYFL_CACHE_DIR"] = _CACHE_DIR
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _CACHE_DIR is not None:
+        shutil.rmtree(_CACHE_DIR, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

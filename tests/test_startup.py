@@ -82,7 +82,7 @@ def test_bench_startup_writes_phases_that_add_up(tmp_path, monkeypatch, capsys):
     assert Path(run["run_dir"], "manifest.json").is_file()
 
 
-def test_build_dataset_on_one_blas_thread_gives_the_same_data(monkeypatch):
+def test_build_dataset_on_one_blas_thread_gives_the_same_data(monkeypatch, tmp_path):
     """The run's dataset is built with BLAS on one thread (fast on a busy machine): the very
     same arrays as the plain build, and BLAS gets its threads back afterwards."""
     import numpy as np
@@ -102,6 +102,7 @@ def test_build_dataset_on_one_blas_thread_gives_the_same_data(monkeypatch):
         return build_federated_dataset(*args)
 
     cfg = load_config(None, ["data.dataset=synthetic", "data.synthetic_features=300", "partition.num_clients=30"])
+    monkeypatch.setenv("RAYFL_CACHE_DIR", str(tmp_path))  # an empty dataset cache: this run builds
     threads = blas_threads()
     monkeypatch.setattr(runner, "build_federated_dataset", spy)
     ours, plain = runner.build_dataset(cfg), build_federated_dataset(cfg.data, cfg.partition, cfg.run.seed)

@@ -8,15 +8,25 @@ first mark and the exit after its last; the run's `rounds` table gives the round
 
 The rounds' wall time counted here runs from the moment the hosts are ready (the first round
 can start) to the last round's row, final evaluation included: the table's own `wall_time`
-counts from the Federation's creation, host start-up included, and is reported as well."""
+counts from the Federation's creation, host start-up included, and is reported as well.
+
+`--warm` measures the path for iterating on short runs: the bench first starts a Ray head of its
+own (`ray start --head --block`, in a temporary directory, on loopback) and a pool of warm hosts
+on it (`rayfl pool start`), untimed, then times runs that join that head; it stops the head at
+the end. Either way a run's synthetic data come from the dataset cache once the first run has
+built them (rayfl.data.cache; RAYFL_CACHE_DIR=off times the generation every time)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,20 +122,26 @@ def measure_once(workload: str, rounds: int, out_dir: Path, extra: list[str]) ->
     }
 
 
-def run_startup_bench(workload: str, rounds: int, repeat: int, out: Path, extra: list[str] | None = None) -> dict[str, Any]:
+def run_startup_bench(workload: str, rounds: int, repeat: int, out: Path, extra: list[str] | None = None,
+                      warm: bool = False, hosts: int = 2) -> dict[str, Any]:
     """`repeat` timed runs of the workload; the summary reports the run with the median
-    outside-rounds time, and every run's numbers."""
+    outside-rounds time, and every run's numbers. `warm`: runs join a head with `hosts`
+    pooled hosts that the bench starts first (untimed) and stops at the end."""
     if rounds < 1 or repeat < 1:
         raise ValueError("--rounds and --repeat must be >= 1")
     extra = list(extra or [])
-    runs = [measure_once(workload, rounds, out.parent / "results", extra) for _ in range(repeat)]
+    with (warm_head(hosts) if warm else contextlib.nullcontext()) as address:
+        if address is not None:
+            extra = [*extra, f"engine.address={address}"]
+        runs = [measure_once(workload, rounds, out.parent / "results", extra) for _ in range(repeat)]
     ranked = sorted(runs, key=lambda r: r["outside_rounds_seconds"])
     median = ranked[(len(ranked) - 1) // 2]
     summary = {
         "workload": workload,
         "rounds": rounds,
+        "mode": "warm: joins a running head, leases pooled hosts" if warm else "cold: the run starts its own Ray",
         "command": " ".join(workload_command(workload, rounds, out.parent / "results", "<run_id>", extra)),
-        "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpus": _cpus(),
         "definitions": {
             "total_seconds": "process launch to exit, measured by the parent",
             "rounds_seconds": "hosts ready to the last round's row (final evaluation included)",
@@ -138,6 +154,51 @@ def run_startup_bench(workload: str, rounds: int, repeat: int, out: Path, extra:
     }
     write_result(out, summary)
     return summary
+
+
+@contextlib.contextmanager
+def warm_head(hosts: int, timeout: float = 120.0) -> Iterator[str]:
+    """A Ray head of the bench's own (its processes in their own session, stopped with it)
+    holding `hosts` warm pooled hosts; yields its address."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    address = f"127.0.0.1:{port}"
+    temp = tempfile.mkdtemp(prefix="rayfl-head-")
+    env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}
+    os.environ["RAY_AUTH_MODE"] = env["RAY_AUTH_MODE"]  # the timed runs join with it
+    ray_cli = Path(sys.executable).with_name("ray")
+    head = subprocess.Popen(
+        [str(ray_cli), "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
+         f"--temp-dir={temp}", f"--num-cpus={_cpus()}", "--include-dashboard=false", "--disable-usage-stats"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+    )
+    try:
+        rayfl = Path(sys.executable).with_name("rayfl")
+        cmd = [str(rayfl)] if rayfl.is_file() else [sys.executable, "-m", "rayfl.cli"]
+        end = time.time() + timeout
+        while True:  # the pool command connects once the head is up
+            if head.poll() is not None:
+                raise RuntimeError(f"`ray start --head` exited {head.returncode}: {head.stderr.read().decode()[-2000:]}")
+            pool = subprocess.run([*cmd, "pool", "start", f"--hosts={hosts}", f"--address={address}"],
+                                  env=env, capture_output=True, text=True)
+            if pool.returncode == 0:
+                break
+            if time.time() > end:
+                raise RuntimeError(f"no pool on the bench's head after {timeout:g}s: {pool.stderr[-2000:]}")
+            time.sleep(1.0)
+        yield address
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops the head's processes on SIGTERM
+        try:
+            head.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _children_cpu() -> float:

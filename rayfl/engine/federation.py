@@ -136,6 +136,9 @@ class Federation:
         self.system = SystemModel(cfg.system, dataset.num_clients, self.forward_flops, self.seed)
         self.placement: Placement = plan_placement(cfg.engine, dataset.num_clients, ray.cluster_resources())
         self._host_of = self.placement.host_of()
+        self._leases: Any = None  # pooled hosts leased for this run (rayfl.engine.pool)
+        self._pooled: dict[int, str] = {}  # host index -> pooled host name
+        self.hosts: list[Any] = []
         self.hosts = self._start_hosts()
         if resume is not None:
             self._restore(resume)
@@ -144,7 +147,8 @@ class Federation:
 
     def _start_hosts(self) -> list[Any]:
         """Start the hosts after checking the cluster can hold them (Ray would otherwise queue
-        an unplaceable actor for ever), and wait at most engine.start_timeout for them."""
+        an unplaceable actor for ever), and wait at most engine.start_timeout for them. Idle
+        warm hosts of the joined Ray's pool (rayfl.engine.pool) stand in for fresh ones."""
         import ray
 
         from rayfl.engine import resources
@@ -155,20 +159,41 @@ class Federation:
         lazy = getattr(ds, "source", None)  # a population generated on demand (rayfl.data.lazy)
         arrays = {"train_x": ds.train_x, "train_y": ds.train_y, "test_x": ds.test_x, "test_y": ds.test_y}
         self._arrays_ref = ray.put(lazy if lazy is not None else arrays)
-        hosts = [self._spawn_host(h) for h in range(self.placement.num_hosts)]
+        self._leases = self._lease_pool()
+        free = list(self._leases.handles) if self._leases is not None else []
+        hosts, info_refs = [], []
+        for h in range(self.placement.num_hosts):
+            if free:
+                name = free.pop(0)
+                self._pooled[h] = name
+                host = self._leases.handles[name]
+                args, kwargs = self._host_args(h)
+                info_refs.append(host.become.remote(self._leases.by, *args, **kwargs))
+            else:
+                host = self._spawn_host(h)
+                info_refs.append(host.info.remote())
+            hosts.append(host)
         try:
-            info_refs = [h.info.remote() for h in hosts]
             timeout = self.cfg.engine.start_timeout
             self.host_info = resources.await_hosts(info_refs, request, timeout)
         except BaseException:
-            for h in hosts:  # pending actors would otherwise hold their place in Ray's queue
-                ray.kill(h)
+            self.hosts = hosts
+            self.shutdown()  # pending actors would otherwise hold their place in Ray's queue
             raise
+        for h, name in self._pooled.items():
+            self.host_info[h]["pool"] = name
         return hosts
 
-    def _spawn_host(self, h: int) -> Any:
-        """Start the actor for host `h`'s clients (at start-up, or to replace a dead host; Ray's
-        own restarts are off: rayfl restores the clients' state itself, see `replace_host`)."""
+    def _lease_pool(self) -> Any:
+        """The pooled hosts this run may use, or None (engine.pool off, no pool, GPU hosts)."""
+        from rayfl.engine import pool
+
+        if self.cfg.engine.pool == "off" or self.placement.num_gpus > 0 or self.cfg.engine.device == "cuda":
+            return None
+        return pool.lease_hosts(self.placement.num_hosts)
+
+    def _host_args(self, h: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """`ClientHostImpl`'s arguments for host `h`'s clients."""
         ds = self.dataset
         ids = self.placement.assignment[h]
         if getattr(ds, "source", None) is not None:  # lazy: the host makes rows from its id range
@@ -176,18 +201,29 @@ class Federation:
         else:
             train = {int(c): ds.client_train[c] for c in ids}
             test = {int(c): ds.client_test[c] for c in ids} if ds.client_test is not None else None
+        args = (h, self._arrays_ref, train, test, self.cfg.model, tuple(ds.input_shape), ds.num_classes, self.seed,
+                self.cfg.engine.torch_threads, self.cfg.engine.device, self.forward_flops, self.cfg.system.backward_cost)
+        return args, {"vectorize": self.cfg.engine.vectorize}
+
+    def _spawn_host(self, h: int) -> Any:
+        """Start the actor for host `h`'s clients (at start-up, or to replace a dead host; Ray's
+        own restarts are off: rayfl restores the clients' state itself, see `replace_host`)."""
+        args, kwargs = self._host_args(h)
         actor = remote_host_class().options(num_cpus=self.placement.num_cpus, num_gpus=self.placement.num_gpus, max_restarts=0)
-        return actor.remote(
-            h, self._arrays_ref, train, test, self.cfg.model, tuple(ds.input_shape), ds.num_classes, self.seed,
-            self.cfg.engine.torch_threads, self.cfg.engine.device, self.forward_flops, self.cfg.system.backward_cost,
-            vectorize=self.cfg.engine.vectorize,
-        )
+        return actor.remote(*args, **kwargs)
 
     def shutdown(self) -> None:
+        """Kill the run's own hosts and hand pooled ones back to the pool, emptied."""
         import ray
 
-        for h in self.hosts:
-            ray.kill(h)
+        from rayfl.engine import pool
+
+        for h, host in enumerate(self.hosts):
+            if h not in self._pooled:
+                ray.kill(host)
+        if self._leases is not None:
+            pool.release_hosts(self._leases, list(self._leases.handles))
+            self._leases = None
         self.hosts = []
 
     # ------------------------------------------------------------------ clients
@@ -539,6 +575,10 @@ class Federation:
             )
         with contextlib.suppress(Exception):
             ray.kill(self.hosts[h], no_restart=True)
+        if h in self._pooled:  # a pooled host that died leaves the pool; a fresh one refills it at the end
+            name = self._pooled.pop(h)
+            self._leases.handles.pop(name)
+            self._leases.replace.append(name)
         self._decisions.pop(h, None)  # decisions for tasks staged on the dead actor: moot
         host = self._spawn_host(h)
         mine = set(int(c) for c in self.placement.assignment[h])
