@@ -250,8 +250,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = _load(args)
     mark("config")
     from rayfl.progress import RoundProgress
-    from rayfl.runner import build_dataset, run_experiment
+    from rayfl.runner import build_dataset, check_address, run_experiment
 
+    check_address(cfg)  # a Ray to join that is not there: said before the data are built
     dataset = build_dataset(cfg)
     mark("dataset")
     if not args.quiet:
@@ -366,7 +367,11 @@ def cmd_pool(args: argparse.Namespace) -> int:
 
     if args.hosts < 0:
         raise ConfigError("--hosts", "must be >= 0")
+    from rayfl.engine.local_ray import unreachable
+
     address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
+    if (why := unreachable(address)) is not None:
+        raise ConfigError("--address" if args.address else "RAY_ADDRESS", why)
     try:
         ray.init(address=address, logging_level=logging.WARNING)
     except ConnectionError as e:

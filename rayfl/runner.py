@@ -23,7 +23,7 @@ from rayfl.config import Config, ConfigError, config_from_dict
 from rayfl.data import FederatedDataset, build_federated_dataset
 from rayfl.engine import Federation
 from rayfl.engine.checkpoint import Checkpoint, load_checkpoint
-from rayfl.engine.local_ray import start_local_ray, stop_ray
+from rayfl.engine.local_ray import start_local_ray, stop_ray, unreachable
 from rayfl.engine.resources import check_cluster
 from rayfl.progress import mark
 from rayfl.results import RunWriter
@@ -77,18 +77,32 @@ def init_ray(cfg: Config) -> bool:
 
     if ray.is_initialized():
         return False
-    address = cfg.engine.address or os.environ.get("RAY_ADDRESS")
     kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True}
-    if address:
+    if (joined := check_address(cfg)) is not None:
+        field, address = joined
         try:
             ray.init(address=address, **kwargs)
-        except ConnectionError as e:  # no head there, or its token auth refused us
-            field = "engine.address" if cfg.engine.address else "RAY_ADDRESS"
+        except ConnectionError as e:  # its token auth refused us, or it went away meanwhile
             hint = "" if os.environ.get("RAY_AUTH_MODE") else " (a head with token auth needs RAY_AUTH_MODE=token)"
             raise ConfigError(field, f"cannot join the Ray at {address!r}{hint}: {' '.join(str(e).split())}") from None
     else:
         start_local_ray(**kwargs)
     return True
+
+
+def check_address(cfg: Config) -> tuple[str, str] | None:
+    """The Ray to join, as (the setting that named it, address), or None for a local Ray;
+    raises a one-line ConfigError at once when nothing answers there (`ray.init` would wait
+    a minute and more first)."""
+    if cfg.engine.address:
+        field, address = "engine.address", cfg.engine.address
+    elif os.environ.get("RAY_ADDRESS"):
+        field, address = "RAY_ADDRESS", os.environ["RAY_ADDRESS"]
+    else:
+        return None
+    if (why := unreachable(address)) is not None:
+        raise ConfigError(field, why)
+    return field, address
 
 
 def build_dataset(cfg: Config) -> FederatedDataset:

@@ -26,7 +26,7 @@ LAYOUT_COLUMNS = ["wall_time", "run_id", "experiment"]
 def run(results_dir: Path, run_id: str, *extra: str):
     cfg = load_config(None, [
         "data.dataset=synthetic", "partition.num_clients=12", "algorithm.name=fedavg", "algorithm.clients_per_round=6",
-        "run.rounds=3", "engine.num_hosts=2", "output.log_clients=true", f"output.dir={results_dir}",
+        "run.rounds=3", "engine.num_hosts=2", "engine.vectorize=on", "output.log_clients=true", f"output.dir={results_dir}",
         f"run.run_id={run_id}", *extra,
     ])
     out = run_experiment(cfg)

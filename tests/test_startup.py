@@ -82,6 +82,30 @@ def test_bench_startup_writes_phases_that_add_up(tmp_path, monkeypatch, capsys):
     assert Path(run["run_dir"], "manifest.json").is_file()
 
 
+@pytest.mark.slow
+def test_bench_startup_warm_joins_its_own_head_and_leases_its_pool(tmp_path, capsys):
+    """`--warm`: a head of the bench's own (`ray start --head --block`), a pool on it started
+    through `rayfl pool start`, a timed run in another process that leases the pooled host,
+    and the head's processes gone at the end."""
+    import psutil
+
+    out = tmp_path / "startup.json"
+    argv = ["bench", "startup", "--warm", "--hosts", "1", "--rounds", "2", "--out", str(out)]
+    for s in ["partition.num_clients=12", "algorithm.clients_per_round=3", "model.hidden=[8]", "engine.num_hosts=1"]:
+        argv += ["--set", s]
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["mode"].startswith("warm")
+    run = result["runs"][0]
+    hosts = json.loads(Path(run["run_dir"], "manifest.json").read_text())["placement"]["hosts"]
+    assert [h.get("pool") for h in hosts] == ["rayfl-pool-host-0"]
+    left = []
+    for p in psutil.process_iter(["cmdline"]):
+        if any("rayfl-head-" in part for part in (p.info["cmdline"] or [])):
+            left.append(p.pid)
+    assert not left, f"the bench's head left processes {left}"
+
+
 def test_build_dataset_on_one_blas_thread_gives_the_same_data(monkeypatch, tmp_path):
     """The run's dataset is built with BLAS on one thread (fast on a busy machine): the very
     same arrays as the plain build, and BLAS gets its threads back afterwards."""

@@ -154,6 +154,10 @@ NO_RAY: dict[str, Case] = {
         "validate", "engine.start_timeout=0", names=("engine.start_timeout",)
     ),
     "run-id-with-slash": plain("run", "run.run_id=a/b", names=("run.run_id",)),
+    "bad-pool-setting": plain("validate", "engine.pool=sometimes", names=("engine.pool",)),
+    # a Ray to join where nothing listens: said at once (ray.init would wait a minute)
+    "nothing-at-address": plain("run", "engine.address=127.0.0.1:1", names=("engine.address", "127.0.0.1:1")),
+    "pool-nothing-at-address": lambda tmp: (["pool", "status", "--address", "127.0.0.1:1"], ("--address", "127.0.0.1:1")),
     "server-as-client-without-data": plain(
         "run",
         "algorithm.server_as_client=true",

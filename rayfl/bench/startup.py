@@ -74,7 +74,8 @@ def phase_seconds(launch: float, end: float, marks: list[tuple[str, float]]) -> 
     return {k: round(v, 3) for k, v in out.items()}
 
 
-def measure_once(workload: str, rounds: int, out_dir: Path, extra: list[str]) -> dict[str, Any]:
+def measure_once(workload: str, rounds: int, out_dir: Path, extra: list[str],
+                 env: dict[str, str] | None = None) -> dict[str, Any]:
     """One timed `rayfl run` in a child process; its phases, rounds and totals."""
     import json
 
@@ -84,7 +85,7 @@ def measure_once(workload: str, rounds: int, out_dir: Path, extra: list[str]) ->
     cmd = workload_command(workload, rounds, out_dir, run_id, extra)
     with tempfile.TemporaryDirectory() as tmp:
         timing = Path(tmp) / "timing.json"
-        env = {**os.environ, "RAYFL_TIMING": str(timing)}
+        env = {**os.environ, **(env or {}), "RAYFL_TIMING": str(timing)}
         load_before = _load()
         cpu_before = _children_cpu()
         launch = time.time()
@@ -133,7 +134,8 @@ def run_startup_bench(workload: str, rounds: int, repeat: int, out: Path, extra:
     with (warm_head(hosts) if warm else contextlib.nullcontext()) as address:
         if address is not None:
             extra = [*extra, f"engine.address={address}"]
-        runs = [measure_once(workload, rounds, out.parent / "results", extra) for _ in range(repeat)]
+        env = JOIN_ENV if warm else {}
+        runs = [measure_once(workload, rounds, out.parent / "results", extra, env) for _ in range(repeat)]
     ranked = sorted(runs, key=lambda r: r["outside_rounds_seconds"])
     median = ranked[(len(ranked) - 1) // 2]
     summary = {
@@ -156,6 +158,10 @@ def run_startup_bench(workload: str, rounds: int, repeat: int, out: Path, extra:
     return summary
 
 
+# `ray start` heads use token auth here; a driver joining one must say so
+JOIN_ENV = {"RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}
+
+
 @contextlib.contextmanager
 def warm_head(hosts: int, timeout: float = 120.0) -> Iterator[str]:
     """A Ray head of the bench's own (its processes in their own session, stopped with it)
@@ -165,8 +171,7 @@ def warm_head(hosts: int, timeout: float = 120.0) -> Iterator[str]:
         port = sock.getsockname()[1]
     address = f"127.0.0.1:{port}"
     temp = tempfile.mkdtemp(prefix="rayfl-head-")
-    env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}
-    os.environ["RAY_AUTH_MODE"] = env["RAY_AUTH_MODE"]  # the timed runs join with it
+    env = {**os.environ, **JOIN_ENV}
     ray_cli = Path(sys.executable).with_name("ray")
     head = subprocess.Popen(
         [str(ray_cli), "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
@@ -176,7 +181,13 @@ def warm_head(hosts: int, timeout: float = 120.0) -> Iterator[str]:
     try:
         rayfl = Path(sys.executable).with_name("rayfl")
         cmd = [str(rayfl)] if rayfl.is_file() else [sys.executable, "-m", "rayfl.cli"]
+        from rayfl.engine.local_ray import unreachable
+
         end = time.time() + timeout
+        while unreachable(address, timeout=1.0) is not None:  # the head's GCS is not listening yet
+            if head.poll() is not None or time.time() > end:
+                break
+            time.sleep(0.2)
         while True:  # the pool command connects once the head is up
             if head.poll() is not None:
                 raise RuntimeError(f"`ray start --head` exited {head.returncode}: {head.stderr.read().decode()[-2000:]}")

@@ -32,6 +32,24 @@ def start_local_ray(**kwargs: Any) -> None:
              _system_config={"preload_python_modules": list(HOST_MODULES)}, **kwargs)
 
 
+def unreachable(address: str, timeout: float = 3.0) -> str | None:
+    """Why nothing answers at a `host:port` Ray address (None when something does, or for
+    "auto", "local" and `ray://` addresses, which Ray resolves itself). `ray.init` would wait
+    a minute and more for a GCS that is not there; a TCP connect says so at once."""
+    import socket
+
+    if "://" in address or ":" not in address:
+        return None
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        return f"{address!r} is not host:port"
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return None
+    except OSError as e:
+        return f"nothing answers at {address} ({e.strerror or e}); is a head running there (`ray start --head`)?"
+
+
 def stop_ray() -> list[int]:
     """`ray.shutdown`, stopping a local Ray's autoscaler monitor first with SIGKILL (0.4 s
     instead of 1.4 s for the whole shutdown here). Returns the pids stopped ahead of the
