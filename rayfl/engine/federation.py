@@ -14,6 +14,7 @@ does in that order is identical whatever the number of hosts or the order future
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -190,7 +191,13 @@ class Federation:
 
         if self.cfg.engine.pool == "off" or self.placement.num_gpus > 0 or self.cfg.engine.device == "cuda":
             return None
-        return pool.lease_hosts(self.placement.num_hosts)
+        leases = pool.lease_hosts(self.placement.num_hosts)
+        if leases is not None and len(leases.handles) < self.placement.num_hosts and leases.refused:
+            why = "; ".join(f"{n}: {r}" for n, r in sorted(leases.refused.items()))
+            logging.getLogger(__name__).warning(
+                "engine.pool: %d of %d hosts leased from the pool, fresh ones start for the rest (%s)",
+                len(leases.handles), self.placement.num_hosts, why)
+        return leases
 
     def _host_args(self, h: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """`ClientHostImpl`'s arguments for host `h`'s clients."""
