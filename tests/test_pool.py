@@ -143,6 +143,8 @@ def test_another_python_stack_or_node_is_refused(host):
     me, ident = pool.holder(), pool.identity()
     assert "runs another torch" in host.lease(me, {**ident, "torch": "0.0"})
     assert "runs another rayfl" in host.lease(me, {**ident, "rayfl": "/elsewhere/rayfl"})
+    # a driver of `ray job submit --working-dir .` imports code the pooled host never saw
+    assert "runs another runtime_env" in host.lease(me, {**ident, "runtime_env": '{"working_dir": "gcs://_ray_pkg_x.zip"}'})
     assert "its own node" in host.lease({**me, "node_id": "f" * 56}, ident)
     assert host.lease(me, ident) is None
 

@@ -191,7 +191,11 @@ class Federation:
 
         if self.cfg.engine.pool == "off" or self.placement.num_gpus > 0 or self.cfg.engine.device == "cuda":
             return None
-        leases = pool.lease_hosts(self.placement.num_hosts)
+        try:
+            leases = pool.lease_hosts(self.placement.num_hosts)
+        except Exception as e:  # a pool is a shortcut: a Ray that cannot be asked gets fresh hosts
+            logging.getLogger(__name__).warning("engine.pool: could not look for pooled hosts (%s); starting fresh ones", e)
+            return None
         if leases is not None and len(leases.handles) < self.placement.num_hosts and leases.refused:
             why = "; ".join(f"{n}: {r}" for n, r in sorted(leases.refused.items()))
             logging.getLogger(__name__).warning(

@@ -39,11 +39,17 @@ PREFIX = "rayfl-pool-host-"
 
 
 def identity() -> dict[str, str]:
-    """What must match between a driver and a pooled host for the host to run the driver's code."""
+    """What must match between a driver and a pooled host for the host to run the driver's code.
+    The runtime env too: a driver of `ray job submit --working-dir` imports code that the pooled
+    hosts (started by another job, without it) could not."""
+    import json
+
     import numpy
+    import ray
     import torch
 
     return {
+        "runtime_env": json.dumps(dict(ray.get_runtime_context().runtime_env), sort_keys=True, default=str),
         "python": sys.version,
         "executable": sys.executable,
         "rayfl": os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -129,7 +135,7 @@ class PooledHost(ClientHostImpl):
         if by["node_id"] != ray.get_runtime_context().get_node_id():
             return "serves drivers on its own node only"
         if driver != slot.identity:
-            diff = sorted(k for k in driver if driver[k] != slot.identity.get(k))
+            diff = sorted(k for k in {*driver, *slot.identity} if driver.get(k) != slot.identity.get(k))
             return f"runs another {', '.join(diff)} than the driver"
         slot.stale = slot.stale or changed_files(slot.files) or self._watch_new_modules()
         if slot.stale:
