@@ -364,11 +364,10 @@ def cmd_pool(args: argparse.Namespace) -> int:
 
     from rayfl.config import ConfigError
     from rayfl.engine import pool
+    from rayfl.engine.local_ray import unreachable
 
     if args.hosts < 0:
         raise ConfigError("--hosts", "must be >= 0")
-    from rayfl.engine.local_ray import unreachable
-
     address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
     if (why := unreachable(address)) is not None:
         raise ConfigError("--address" if args.address else "RAY_ADDRESS", why)

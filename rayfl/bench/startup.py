@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -173,11 +174,13 @@ def warm_head(hosts: int, timeout: float = 120.0) -> Iterator[str]:
     temp = tempfile.mkdtemp(prefix="rayfl-head-")
     env = {**os.environ, **JOIN_ENV}
     ray_cli = Path(sys.executable).with_name("ray")
-    head = subprocess.Popen(
-        [str(ray_cli), "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
-         f"--temp-dir={temp}", f"--num-cpus={_cpus()}", "--include-dashboard=false", "--disable-usage-stats"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-    )
+    log = Path(temp) / "ray-start.log"  # a file, not a pipe: a full pipe would stall the head
+    with open(log, "wb") as sink:
+        head = subprocess.Popen(
+            [str(ray_cli), "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
+             f"--temp-dir={temp}", f"--num-cpus={_cpus()}", "--include-dashboard=false", "--disable-usage-stats"],
+            env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+        )
     try:
         rayfl = Path(sys.executable).with_name("rayfl")
         cmd = [str(rayfl)] if rayfl.is_file() else [sys.executable, "-m", "rayfl.cli"]
@@ -190,7 +193,7 @@ def warm_head(hosts: int, timeout: float = 120.0) -> Iterator[str]:
             time.sleep(0.2)
         while True:  # the pool command connects once the head is up
             if head.poll() is not None:
-                raise RuntimeError(f"`ray start --head` exited {head.returncode}: {head.stderr.read().decode()[-2000:]}")
+                raise RuntimeError(f"`ray start --head` exited {head.returncode}: {log.read_text()[-2000:]}")
             pool = subprocess.run([*cmd, "pool", "start", f"--hosts={hosts}", f"--address={address}"],
                                   env=env, capture_output=True, text=True)
             if pool.returncode == 0:
@@ -206,6 +209,7 @@ def warm_head(hosts: int, timeout: float = 120.0) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait()
+        shutil.rmtree(temp, ignore_errors=True)  # the head's session logs
 
 
 def _cpus() -> int:
