@@ -79,7 +79,7 @@ def test_leased_hosts_give_the_fresh_hosts_tables_and_go_back_idle(empty_pool, r
     assert [s["leases"] for s in pool.pool_status()] == [2, 2]
 
 
-def test_a_stale_pooled_host_is_skipped_and_replaced(empty_pool, results_dir, tmp_path, monkeypatch):
+def test_a_stale_pooled_host_is_skipped_and_replaced(empty_pool, results_dir, tmp_path):
     pool.start_pool(1)
     import ray
 

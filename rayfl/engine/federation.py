@@ -233,7 +233,7 @@ class Federation:
             if h not in self._pooled:
                 ray.kill(host)
         if self._leases is not None:
-            pool.release_hosts(self._leases, list(self._leases.handles))
+            pool.release_hosts(self._leases)
             self._leases = None
         self.hosts = []
 

@@ -12,7 +12,7 @@ What makes a leased host as good as a fresh one:
   so the results are the same bits (tests/test_pool.py);
 - it never runs code older than the files on disk: it refuses a lease once any module it has
   loaded changed on disk since (or was imported during a lease and is newer than its start), or
-  when the driver's Python, rayfl checkout, torch or numpy differ from its own. The run then
+  when the driver's Python, rayfl checkout, torch, numpy or runtime env differ from its own. The run then
   starts a fresh host, and the stale one is replaced by a fresh pooled host as the run ends;
 - one run at a time: a lease names the driver's process and node, and a lease whose process is
   gone (a killed run) is taken over.
@@ -28,7 +28,6 @@ import gc
 import os
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,33 +57,24 @@ def identity() -> dict[str, str]:
     }
 
 
+def _stamp(path: str) -> tuple[int, int] | None:
+    """(mtime_ns, size) of a file, None when it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
 def module_files() -> dict[str, tuple[int, int]]:
-    """(mtime_ns, size) of the file of every loaded module (2,000-odd with torch; ~10 ms)."""
-    out: dict[str, tuple[int, int]] = {}
-    for mod in list(sys.modules.values()):
-        path = getattr(mod, "__file__", None)
-        if not path or path in out:
-            continue
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        out[path] = (st.st_mtime_ns, st.st_size)
-    return out
+    """The stamps of the files of every loaded module (2,000-odd with torch; ~10 ms)."""
+    paths = {getattr(mod, "__file__", None) for mod in list(sys.modules.values())}
+    return {p: st for p in paths if p and (st := _stamp(p)) is not None}
 
 
 def changed_files(known: dict[str, tuple[int, int]]) -> list[str]:
     """The files among `known` that changed (or vanished) on disk."""
-    changed = []
-    for path, stamp in known.items():
-        try:
-            st = os.stat(path)
-        except OSError:
-            changed.append(path)
-            continue
-        if (st.st_mtime_ns, st.st_size) != stamp:
-            changed.append(path)
-    return changed
+    return [path for path, stamp in known.items() if _stamp(path) != stamp]
 
 
 def holder() -> dict[str, Any]:
@@ -219,8 +209,8 @@ def start_pool(num_hosts: int, wait: bool = True) -> list[str]:
     import ray
 
     have = set(pool_names())
-    names = [f"{PREFIX}{i}" for i in range(num_hosts * 2 + len(have)) if f"{PREFIX}{i}" not in have]
-    names = names[: max(0, num_hosts - len(have))]
+    free = (f"{PREFIX}{i}" for i in range(num_hosts + len(have)) if f"{PREFIX}{i}" not in have)
+    names = [next(free) for _ in range(max(0, num_hosts - len(have)))]
     actors = [_spawn(name) for name in names]
     if wait and actors:
         ray.get([a.status.remote() for a in actors])
@@ -262,7 +252,7 @@ class Leases:
 
 def lease_hosts(count: int) -> Leases | None:
     """Lease up to `count` idle pooled hosts (None when the connected Ray has no pool).
-    Stale hosts found on the way are killed; `refill` replaces them at the run's end."""
+    Stale hosts found on the way are killed; `release_hosts` replaces them at the run's end."""
     import ray
 
     names = pool_names()
@@ -281,16 +271,16 @@ def lease_hosts(count: int) -> Leases | None:
     return Leases(by, {n: handles[n] for n in granted[:count]}, refused, stale)
 
 
-def release_hosts(leases: Leases, names: Sequence[str], timeout: float = 10.0) -> None:
-    """Hand the run's pooled hosts `names` back (emptied), and start fresh pooled hosts in
-    place of those it killed. They warm up after the run, while nobody waits for them; a name
-    still held by a dying actor is left for `rayfl pool start`."""
+def release_hosts(leases: Leases, timeout: float = 10.0) -> None:
+    """Hand the run's pooled hosts back (emptied), and start fresh pooled hosts in place of
+    those it killed. They warm up after the run, while nobody waits for them; a name still
+    held by a dying actor is left for `rayfl pool start`."""
     import ray
 
-    refs = [leases.handles[n].release.remote(leases.by) for n in names]
+    refs = [h.release.remote(leases.by) for h in leases.handles.values()]
     ray.wait(refs, num_returns=len(refs), timeout=timeout)
-    for n in names:
-        leases.handles[n].tidy.remote()
+    for h in leases.handles.values():
+        h.tidy.remote()
     for name in leases.replace:
         with contextlib.suppress(ValueError):  # the name is still taken
             _spawn(name)
