@@ -236,6 +236,93 @@ def test_batched_mlp_kernel_matches_float64_autograd_per_client():
     np.testing.assert_allclose(moved.numpy(), (w - step[:, None] * grad).numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("hidden", [[5, 4], None])
+def test_a_window_of_steps_equals_single_sgd_steps_in_float64(hidden):
+    """BatchedMLPGrad.window (S steps reading the first layer once, in a window padded with
+    zero rows) against each client's plain SGD in float64 autograd on its own unpadded
+    minibatches, with per-step step sizes, a short minibatch and a step one client skips; and
+    against S calls of the one-step kernel."""
+    import torch.nn.functional as F
+
+    from rayfl.algorithms.local import BatchedMLPGrad
+    from rayfl.models.params import functional_logits
+
+    model = build_model(ModelConfig(name="mlp" if hidden else "linear", hidden=hidden or []), (F_IN,), C)
+    kernel = BatchedMLPGrad.of(model)
+    assert kernel is not None
+    g = torch.Generator().manual_seed(1)
+    k, s_n, b, d = 3, 4, 4, get_flat(model).numel()
+    w = torch.randn(k, d, generator=g)
+    x = torch.randn(s_n, k, b, F_IN, generator=g)
+    y = torch.randint(0, C, (s_n, k, b), generator=g)
+    m = torch.ones(s_n, k, b)
+    m[2, 1, 3:] = 0  # client 1's third minibatch is short
+    m[3, 2] = 0  # client 2 takes three steps
+    steps = torch.tensor([[0.5, 0.3, 0.2], [0.4, 0.3, 0.2], [0.3, 0.3, 0.2], [0.2, 0.3, 0.0]])
+    moved = w.clone()
+    layers = kernel.split(moved)
+    padded = torch.zeros(k, (s_n + 2) * b, F_IN)  # a window padded by two steps of zero rows
+    padded[:, : s_n * b] = x.transpose(0, 1).reshape(k, s_n * b, F_IN)
+    losses = kernel.window(layers, padded, list(y), m, steps)
+    kernel.join(layers, moved)
+    one_by_one = w.clone()
+    single = kernel.split(one_by_one)
+    for t in range(s_n):
+        kernel.step(single, x[t], y[t], m[t], steps[t])
+    kernel.join(single, one_by_one)
+    np.testing.assert_allclose(moved.numpy(), one_by_one.numpy(), rtol=1e-5, atol=1e-6)
+    model64 = model.double()
+    for j in range(k):
+        v = w[j].double()
+        for t in range(s_n):
+            rows = m[t, j] > 0
+            if not rows.any():
+                continue
+            v = v.detach().requires_grad_(True)
+            loss = F.cross_entropy(functional_logits(model64, v, x[t, j][rows].double()), y[t, j][rows])
+            (grad,) = torch.autograd.grad(loss, v)
+            np.testing.assert_allclose(losses[t][j].item(), loss.item(), rtol=1e-5)
+            v = v - float(steps[t, j]) * grad
+        np.testing.assert_allclose(moved[j].numpy(), v.detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert not torch.equal(moved, w)
+
+
+def test_windows_are_sized_by_the_batch_size_alone():
+    from rayfl.algorithms.local import ALIGN_FLOATS, WINDOW_ROWS, window_shape
+
+    assert window_shape(10) == (6, 64)  # the fedavg-mlp benchmark's epoch in one window, 4 zero rows
+    assert window_shape(WINDOW_ROWS) == (1, WINDOW_ROWS) and window_shape(3 * WINDOW_ROWS)[0] == 1  # one step at least
+    assert window_shape(1) == (WINDOW_ROWS, WINDOW_ROWS)
+    assert all(window_shape(b)[1] % ALIGN_FLOATS == 0 and window_shape(b)[1] >= window_shape(b)[0] * b
+               for b in range(1, 200))
+
+
+@pytest.mark.parametrize("s_n, b", [(6, 4), (8, 8)])
+def test_a_clients_bits_do_not_depend_on_its_place_in_the_batch(s_n, b):
+    """Odd shapes (a 6x5 first layer: 120-byte blocks) where MKL's batched matmuls would sum
+    in another order for a client whose block starts off a 64-byte boundary."""
+    from rayfl.algorithms.local import BatchedMLPGrad, window_shape
+
+    kernel = BatchedMLPGrad([(F_IN, 5, True), (5, C, True)])
+    d = F_IN * 5 + 5 + 5 * C + C
+    g = torch.Generator().manual_seed(0)
+    _, rows = window_shape(b)
+    w, x = torch.randn(5, d, generator=g), torch.zeros(5, rows, F_IN)
+    x[:, : s_n * b] = torch.randn(5, s_n * b, F_IN, generator=g)
+    y, m, steps = torch.randint(0, C, (s_n, 5, b), generator=g), torch.ones(s_n, 5, b), torch.full((s_n, 5), 0.3)
+
+    def moved(ids: list[int]) -> torch.Tensor:
+        out = w[ids].clone()
+        layers = kernel.split(out)
+        kernel.window(layers, x[ids].clone(), [t[ids] for t in y], m[:, ids], steps[:, ids])
+        kernel.join(layers, out)
+        return out[ids.index(1)]
+
+    alone = moved([1])
+    for ids in ([0, 1], [1, 2], [4, 3, 0, 1], [0, 1, 2, 3, 4]):
+        assert torch.equal(moved(ids), alone), ids
+
+
 def test_chunks_are_near_equal_and_within_the_byte_budget():
     from rayfl.algorithms.local import CHUNK_BYTES, chunk_slices
 

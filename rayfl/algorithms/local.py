@@ -207,13 +207,21 @@ def _sgd_chunk(
         layers = grad_fn.split(start, scratch)
     else:
         w.copy_(start)
+    steps = torch.tensor([[step_size(lr, t, s.lr_offset) for lr, s in zip(lrs, schedules, strict=True)]
+                          for t in range(sb.steps)], dtype=w.dtype, device=w.device).view(sb.steps, -1) * sb.active
+    if fused:  # plain SGD: the kernel writes w -= step * grad straight into the layers, a window of steps at a time
+        size, rows = window_shape(sb.width)
+        for t0 in range(0, sb.steps, size):
+            window = range(t0, min(t0 + size, sb.steps))
+            part = slice(window.start, window.stop)
+            ys = [sb.y_at(t) for t in window]
+            losses = grad_fn.window(layers, sb.x_steps(part, rows), ys, sb.mask[part], steps[part])
+            for t, loss in zip(window, losses, strict=True):
+                loss_sum += torch.where(sb.active[t] > 0, loss.double(), 0.0)
+        grad_fn.join(layers, w, start if minus_start else None)
+        return layers
     for t in range(sb.steps):
-        step = torch.tensor([step_size(lr, t, s.lr_offset) for lr, s in zip(lrs, schedules, strict=True)],
-                            dtype=w.dtype, device=w.device) * sb.active[t]
-        if fused:  # plain SGD: the kernel writes w -= step * grad straight into the layers
-            loss = grad_fn.step(layers, sb.x_at(t), sb.y_at(t), sb.mask[t], step)
-            loss_sum += torch.where(sb.active[t] > 0, loss.double(), 0.0)
-            continue
+        step = steps[t]
         segments, loss = grad_fn(w, sb.x_at(t), sb.y_at(t), sb.mask[t])
         with torch.no_grad():
             for offset, grad in segments:
@@ -227,9 +235,6 @@ def _sgd_chunk(
                     grad = grad + corrections[:, cols]
                 seg -= step[:, None] * grad
             loss_sum += torch.where(sb.active[t] > 0, loss.detach().double(), 0.0)
-    if fused:
-        grad_fn.join(layers, w, start if minus_start else None)
-        return layers
     if minus_start:
         w -= start
     return scratch
@@ -283,16 +288,13 @@ class BatchedMLPGrad:
 
     def split(self, w: torch.Tensor, reuse: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None,
               ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-        """Contiguous per-layer copies ([K, out, in], [K, out]) of K flat vectors: batched
-        matmuls on them run as one call each, where views into [K, d] rows would not. Copies
-        into `reuse` (an earlier `split` of as many vectors) instead of allocating."""
+        """Per-layer copies ([K, out, in], [K, out]) of K flat vectors, each client's block
+        contiguous and 64-byte aligned (`aligned_batch`): batched matmuls on them run as one
+        call each, where views into [K, d] rows would not. Copies into `reuse` (an earlier
+        `split` of as many vectors) instead of allocating."""
         views = self._layers(w)
         if reuse is None or reuse[0][0].shape != views[0][0].shape:
-            # always copies: `w` may view the shared broadcast vector, which `.contiguous()`
-            # would hand back as is for a single client (size-1 dims count as contiguous)
-            fmt = torch.contiguous_format
-            return [(weight.clone(memory_format=fmt), None if b is None else b.clone(memory_format=fmt))
-                    for weight, b in views]
+            reuse = [(aligned_batch(weight), None if b is None else aligned_batch(b)) for weight, b in views]
         for (dst_w, dst_b), (weight, b) in zip(reuse, views, strict=True):
             dst_w.copy_(weight)
             if b is not None:
@@ -312,27 +314,77 @@ class BatchedMLPGrad:
     def step(self, layers: list[tuple[torch.Tensor, torch.Tensor | None]], x: torch.Tensor, y: torch.Tensor,
              m: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
         """One SGD step w -= step * grad applied in place to `split`'s layers, without
-        materialising the gradient: the step [K] scales the output error and each layer's
-        update is one baddbmm. Returns the masked mean CE [K]."""
-        return self._run(layers, x, y, m, step)[1]
+        materialising the gradient. Returns the masked mean CE [K]."""
+        return self.window(layers, x, [y], m[None], step[None])[0]
+
+    def window(self, layers: list[tuple[torch.Tensor, torch.Tensor | None]], x: torch.Tensor,
+               ys: Sequence[torch.Tensor], ms: torch.Tensor, steps: torch.Tensor) -> list[torch.Tensor]:
+        """S consecutive SGD steps (S = len(steps), `steps` [S, K] the step sizes, 0 where a
+        client skips the step) in place on `split`'s layers, reading the first layer's weights
+        twice for all S steps instead of three times per step: the host is bound by that
+        traffic (784x200 weights per client), not by arithmetic.
+
+        The first layer moves by W_{s+1} = W_s - D_s^T X_s (D_s: step s's scaled, masked error
+        at its output), so step s's pre-activation is exactly
+            X_s W_s^T = X_s W_0^T - sum_{j<s} (X_s X_j^T) D_j:
+        one batched matmul gives every step's X_s W_0^T, the Gram matrix X X^T (S*B rows) the
+        corrections, and W_S = W_0 - D^T X is one matmul at the end. Same values as S single
+        steps, up to float32 summation order. `x` [K, R, ...] holds each client's S
+        minibatches one after another, then zero rows up to the window's padded length R
+        (`window_shape`, `StackedBatches.x_steps`); `ys` the S label tensors [K, B], `ms` [S, K, B] the
+        masks. Returns the masked mean CE [K] of each step."""
+        (w0, b0), n_steps, width = layers[0], len(steps), ms.shape[2]
+        k = x.shape[0]
+        flat = x.reshape(k, x.shape[1], -1)
+        base = torch.bmm(flat, w0.transpose(1, 2))  # every step's X_s W_0^T
+        gram = torch.bmm(flat, flat.transpose(1, 2)) if n_steps > 1 else None
+        moves = torch.zeros_like(base)  # D_s, filled step by step; 0 on the padding rows
+        losses = []
+        for s in range(n_steps):
+            rows = slice(s * width, (s + 1) * width)
+            z = base[:, rows]
+            if s:
+                z = aligned_batch(z, copy=True).baddbmm_(gram[:, rows, : s * width], moves[:, : s * width], alpha=-1.0)
+            if b0 is not None:
+                z = z + b0[:, None, :]
+            _, loss, error = self._above_first(layers, z, ys[s], ms[s], steps[s])
+            moves[:, rows] = error
+            if b0 is not None:
+                b0.sub_(error.sum(dim=1))
+            losses.append(loss)
+        w0.baddbmm_(moves.transpose(1, 2), flat, alpha=-1.0)
+        return losses
 
     def __call__(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor) -> tuple[list[tuple[int, torch.Tensor]], torch.Tensor]:
-        return self._run(self._layers(w), x, y, m, None)
-
-    def _run(
-        self, layers: list[tuple[torch.Tensor, torch.Tensor | None]], x: torch.Tensor, y: torch.Tensor, m: torch.Tensor,
-        step: torch.Tensor | None,
-    ) -> tuple[list[tuple[int, torch.Tensor]], torch.Tensor]:
+        layers = self._layers(w)
         k, b = x.shape[0], x.shape[1]
         h = x.reshape(k, b, -1)
-        inputs, pre = [], []
-        for i, (weight, bias) in enumerate(layers):
+        weight, bias = layers[0]
+        z = torch.bmm(h, weight.transpose(1, 2))
+        if bias is not None:
+            z = z + bias[:, None, :]
+        grads, loss, error = self._above_first(layers, z, y, m, None)
+        grads.append((0, torch.bmm(error.transpose(1, 2), h).reshape(k, -1)))
+        if bias is not None:
+            grads.append((weight.shape[1] * weight.shape[2], error.sum(dim=1)))
+        return grads, loss
+
+    def _above_first(
+        self, layers: list[tuple[torch.Tensor, torch.Tensor | None]], z0: torch.Tensor, y: torch.Tensor,
+        m: torch.Tensor, step: torch.Tensor | None,
+    ) -> tuple[list[tuple[int, torch.Tensor]], torch.Tensor, torch.Tensor]:
+        """From the first layer's pre-activation `z0`: the forward pass, the masked mean CE [K]
+        and the backward pass down to the first layer, which the caller moves. Layers above it
+        move in place by step * grad (with `step`) or give their gradient segments (without).
+        Returns (segments, loss, error at the first layer's output, scaled by `step` if given)."""
+        inputs, pre, h = [], [z0], z0
+        for weight, bias in layers[1:]:
+            h = torch.relu(h)
             inputs.append(h)
-            z = torch.bmm(h, weight.transpose(1, 2))
+            h = torch.bmm(h, weight.transpose(1, 2))
             if bias is not None:
-                z = z + bias[:, None, :]
-            pre.append(z)
-            h = torch.relu(z) if i < len(layers) - 1 else z
+                h = h + bias[:, None, :]
+            pre.append(h)
         count = m.sum(dim=1).clamp_min(1.0)  # [K]
         logp = torch.log_softmax(h, dim=-1)
         ce = -logp.gather(2, y[:, :, None]).squeeze(2)  # [K, B]
@@ -343,20 +395,50 @@ class BatchedMLPGrad:
         if step is not None:
             dz.mul_(step[:, None, None])
         grads: list[tuple[int, torch.Tensor]] = []
-        for i in range(len(layers) - 1, -1, -1):
-            (weight, bias), offset = layers[i], self.offsets[i]
-            back = torch.bmm(dz, weight) * (pre[i - 1] > 0) if i else None  # before weight moves
+        for i in range(len(layers) - 1, 0, -1):
+            (weight, bias), offset, h_in = layers[i], self.offsets[i], inputs[i - 1]
+            back = torch.bmm(dz, weight) * (pre[i - 1] > 0)  # before the weight moves
             if step is not None:
-                weight.baddbmm_(dz.transpose(1, 2), inputs[i], alpha=-1.0)
+                weight.baddbmm_(dz.transpose(1, 2), h_in, alpha=-1.0)
                 if bias is not None:
                     bias.sub_(dz.sum(dim=1))
             else:
-                grads.append((offset, torch.bmm(dz.transpose(1, 2), inputs[i]).reshape(k, -1)))
+                grads.append((offset, torch.bmm(dz.transpose(1, 2), h_in).reshape(dz.shape[0], -1)))
                 if bias is not None:
                     grads.append((offset + weight.shape[1] * weight.shape[2], dz.sum(dim=1)))
-            if back is not None:
-                dz = back
-        return grads, loss
+            dz = back
+        return grads, loss, dz
+
+
+# Minibatch rows per window of steps (BatchedMLPGrad.window): a window reads the first layer's
+# weights twice whatever its length, and its Gram corrections cost about rows / (2 * hidden) of
+# the steps' arithmetic (15% for 60 rows before 200 hidden units).
+WINDOW_ROWS = 64
+# MKL's batched matmuls choose their code path, and with it the order of a sum, by where each
+# client's matrix starts: a client's bits would depend on its position in the chunk unless
+# every client's block starts on a 64-byte boundary.
+ALIGN_FLOATS = 16
+
+
+def window_shape(width: int) -> tuple[int, int]:
+    """(steps, rows) of every window for minibatches of `width` rows: at most WINDOW_ROWS rows
+    of steps, at least one step, padded with zero rows to a multiple of ALIGN_FLOATS. Both
+    depend on the batch size alone and every window is padded to them (a chunk's last window
+    too), so a client's matmuls have the same shapes whichever clients share its chunk and 1,
+    2 or 3 hosts give the same bits."""
+    steps = max(1, WINDOW_ROWS // max(1, width))
+    return steps, -(-steps * width // ALIGN_FLOATS) * ALIGN_FLOATS
+
+
+def aligned_batch(t: torch.Tensor, copy: bool = False) -> torch.Tensor:
+    """An uninitialised tensor shaped like `t` ([K, ...]; with `copy`, holding its values)
+    whose K blocks are each contiguous and start 64-byte aligned (see ALIGN_FLOATS)."""
+    n = t[0].numel() if len(t) else 0
+    out = torch.empty((t.shape[0], -(-n // ALIGN_FLOATS) * ALIGN_FLOATS), dtype=t.dtype, device=t.device)
+    out = out[:, :n].view(t.shape)
+    if copy:
+        out.copy_(t)
+    return out
 
 
 def _write(dst: torch.Tensor, src: torch.Tensor, minus: torch.Tensor | None) -> None:

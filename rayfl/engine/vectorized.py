@@ -118,6 +118,7 @@ class StackedBatches:
     active: torch.Tensor
     _rows: torch.Tensor | None = None  # [T, K * B] flat row numbers into data_x viewed [K * N, ...]
     _x: torch.Tensor | None = None
+    _xs: torch.Tensor | None = None
 
     @property
     def steps(self) -> int:
@@ -138,6 +139,26 @@ class StackedBatches:
             self._x = torch.empty((k, self.index.shape[2], *feat), dtype=self.data_x.dtype, device=self.data_x.device)
         torch.index_select(self.data_x.view(k * n, *feat), 0, self._flat_rows()[t], out=self._x.view(-1, *feat))
         return self._x
+
+    @property
+    def width(self) -> int:
+        """B: the padded rows of every minibatch."""
+        return int(self.index.shape[2])
+
+    def x_steps(self, steps: slice, rows: int) -> torch.Tensor:
+        """[K, rows, ...] the inputs of consecutive steps, each client's minibatches one after
+        another (row s * B + i: row i of the window's step s), then zero rows; in one buffer
+        reused by every window (valid until the next call)."""
+        k, n = self.data_y.shape
+        feat = self.data_x.shape[2:]
+        index = self._flat_rows()[steps]
+        real = index.shape[0] * self.width
+        if self._xs is None or self._xs.shape[1] != rows:
+            self._xs = torch.zeros((k, rows, *feat), dtype=self.data_x.dtype, device=self.data_x.device)
+        gathered = self.data_x.view(k * n, *feat).index_select(0, index.view(-1, k, self.width).transpose(0, 1).reshape(-1))
+        self._xs[:, :real] = gathered.view(k, real, *feat)
+        self._xs[:, real:] = 0
+        return self._xs
 
     def y_at(self, t: int) -> torch.Tensor:
         """[K, B] step t's labels."""
