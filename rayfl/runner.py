@@ -24,7 +24,7 @@ from rayfl.data import FederatedDataset, build_federated_dataset
 from rayfl.engine import Federation
 from rayfl.engine.checkpoint import Checkpoint, load_checkpoint
 from rayfl.engine.local_ray import start_local_ray, stop_ray, unreachable
-from rayfl.engine.resources import check_cluster
+from rayfl.engine.resources import check_cluster, check_local_cluster
 from rayfl.progress import mark
 from rayfl.results import RunWriter
 from rayfl.results.storage import Location, RunDir, is_uri
@@ -90,6 +90,18 @@ def init_ray(cfg: Config) -> bool:
     return True
 
 
+def check_before_ray(cfg: Config, num_clients: int, run_id: str | None = None) -> None:
+    """The mistakes a run can be told about before Ray starts: a run id already taken (for a
+    new run), and, for a local Ray the run will start, hosts that cannot fit this machine.
+    Both are checked again later; these only say it sooner."""
+    import ray
+
+    if run_id is not None:
+        RunWriter.check_free(cfg.output.dir, cfg.run.experiment, run_id, cfg.output.overwrite)
+    if not ray.is_initialized() and check_address(cfg) is None:
+        check_local_cluster(cfg.engine, num_clients)
+
+
 def check_address(cfg: Config) -> tuple[str, str] | None:
     """The Ray to join, as (the setting that named it, address), or None for a local Ray;
     raises a one-line ConfigError at once when nothing answers there (`ray.init` would wait
@@ -137,10 +149,11 @@ def run_experiment(
         logging.getLogger(__name__).warning(warning)
     if dataset is None:
         dataset = build_dataset(cfg)
+    run_id = cfg.run.run_id or default_run_id(cfg)
+    check_before_ray(cfg, dataset.num_clients, run_id)
     started_ray = init_ray(cfg)
     mark("ray_init")
     try:
-        run_id = cfg.run.run_id or default_run_id(cfg)
         manifest = {
             "config": cfg.to_dict(),
             "seed": cfg.run.seed,
@@ -179,6 +192,7 @@ def resume_experiment(
     cfg = config_from_dict(manifest["config"])
     ckpt = load_checkpoint(location)
     dataset = build_dataset(cfg)
+    check_before_ray(cfg, dataset.num_clients)
     started_ray = init_ray(cfg)
     try:
         check_cluster(cfg.engine, dataset.num_clients)

@@ -281,10 +281,10 @@ class Finished:
     stderr: str
 
 
-def start_cli(cwd: Path, argv: list[str]) -> subprocess.Popen:
-    """`python -m rayfl.cli` starting its own local Ray, in its own process group (so a hung
-    one is killed with its raylet). RAY_AUTH_MODE=token is the mode Ray picks anyway; naming it
-    keeps Ray's notice about picking it off stderr."""
+def start_cli(cwd: Path, argv: list[str], ray_tmp: Path | None = None) -> subprocess.Popen:
+    """`python -m rayfl.cli` starting its own local Ray (in `ray_tmp` if given), in its own
+    process group (so a hung one is killed with its raylet). RAY_AUTH_MODE=token is the mode
+    Ray picks anyway; naming it keeps Ray's notice about picking it off stderr."""
     cwd.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
@@ -292,6 +292,8 @@ def start_cli(cwd: Path, argv: list[str]) -> subprocess.Popen:
         "RAY_AUTH_MODE": "token",
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
     }
+    if ray_tmp is not None:
+        env["RAY_TMPDIR"] = str(ray_tmp)
     env.pop("RAY_ADDRESS", None)
     return subprocess.Popen(
         [sys.executable, "-m", "rayfl.cli", *argv],
@@ -314,40 +316,47 @@ def finish(proc: subprocess.Popen) -> Finished:
     return Finished(proc.returncode, err)
 
 
-FRESH_RAY = {
+BEFORE_LOCAL_RAY = {
     "64-hosts-on-2-cpus": (
         ["partition.num_clients=100", "engine.num_hosts=64"],
         "engine.num_hosts",
     ),
     "cuda-without-gpu": (["engine.device=cuda"], "engine.device"),
+    "a-4-cpu-host-on-2-cpus": (["engine.num_cpus_per_host=4"], "engine.num_cpus_per_host"),
 }
 
 
 @pytest.fixture(scope="module")
-def fresh_ray(ray_local, tmp_path_factory) -> dict[str, Finished]:
-    """The cases that start Ray from nothing, run side by side (each start costs seconds):
-    FRESH_RAY's, and a run reusing the run id of a tiny run made first on the session's Ray."""
-    tmp = tmp_path_factory.mktemp("fresh_ray")
+def before_local_ray(ray_local, tmp_path_factory) -> dict[str, tuple[Finished, Path]]:
+    """Runs that would start their own local Ray, each in a fresh process with its own
+    RAY_TMPDIR, side by side: BEFORE_LOCAL_RAY's, and a run reusing the run id of a tiny run
+    made first on the session's Ray. Returns each one's outcome and RAY_TMPDIR."""
+    tmp = tmp_path_factory.mktemp("before_local_ray")
     reuse = tiny(tmp / "reuse", "run.run_id=fixed")
     assert main(reuse) == 0
-    procs = {
-        name: start_cli(tmp / name, tiny(tmp / name, *o)) for name, (o, _) in FRESH_RAY.items()
-    }
-    procs["run-id-again"] = start_cli(tmp / "reuse", reuse)
-    return {name: finish(proc) for name, proc in procs.items()}
+    cases = {name: (tmp / name, tiny(tmp / name, *o)) for name, (o, _) in BEFORE_LOCAL_RAY.items()}
+    cases["run-id-again"] = (tmp / "reuse", reuse)
+    procs = {}
+    for name, (cwd, argv) in cases.items():
+        (ray_tmp := tmp / f"ray-{name}").mkdir()
+        procs[name] = (start_cli(cwd, argv, ray_tmp), ray_tmp)
+    return {name: (finish(proc), ray_tmp) for name, (proc, ray_tmp) in procs.items()}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("case", list(FRESH_RAY), ids=list(FRESH_RAY))
-def test_resource_mistake_with_a_fresh_ray(case, fresh_ray):
-    result = fresh_ray[case]
-    assert_one_line(result.returncode, result.stderr, (FRESH_RAY[case][1],))
+@pytest.mark.parametrize("case", list(BEFORE_LOCAL_RAY), ids=list(BEFORE_LOCAL_RAY))
+def test_resource_mistake_is_said_before_a_local_ray_starts(case, before_local_ray):
+    """The machine's CPUs and GPUs are known before the run's own Ray starts: one line, and
+    Ray never started (its temporary directory stays empty)."""
+    result, ray_tmp = before_local_ray[case]
+    assert_one_line(result.returncode, result.stderr, (BEFORE_LOCAL_RAY[case][1],))
+    assert not any(ray_tmp.iterdir()), "Ray started before the mistake was said"
 
 
-@pytest.mark.slow
-def test_reused_run_id(fresh_ray):
-    """Found by the results writer after Ray started: still one line, with both ways out."""
-    again = fresh_ray["run-id-again"]
+def test_reused_run_id(before_local_ray):
+    """Found before Ray starts, and by the results writer on a Ray already running (the
+    sweep's trials): one line, with both ways out."""
+    again, ray_tmp = before_local_ray["run-id-again"]
+    assert not any(ray_tmp.iterdir())
     assert_one_line(
         again.returncode, again.stderr, ("run.run_id", "fixed", "output.overwrite=true")
     )

@@ -334,6 +334,25 @@ def await_hosts(info_refs: Sequence[Any], req: HostRequest, timeout: float) -> l
     return ray.get(refs)
 
 
+def check_local_cluster(cfg: EngineConfig, num_clients: int) -> None:
+    """`check_cluster` for the local Ray a run is about to start, before it starts: a mistake
+    is then said in a second, not after Ray's start (5 s and more here). That Ray's one node
+    will have Ray's own count of this machine's CPUs (cgroup limits included) and the GPUs
+    torch sees. A GPU request that torch cannot see is left to the check after the start:
+    Ray may count GPUs this torch build cannot use."""
+    import torch
+    from ray._private.utils import get_num_cpus
+
+    from rayfl.engine.placement import plan_placement
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if cfg.num_gpus_per_host > 0 and gpus == 0:
+        return
+    node = {"CPU": float(get_num_cpus()), "GPU": float(gpus)}
+    placement = plan_placement(cfg, num_clients, node)
+    check_request(host_request(cfg, placement, num_clients), Capacity((NodeGroup(node),), source="alive nodes"))
+
+
 def check_cluster(cfg: EngineConfig, num_clients: int) -> None:
     """Federation's check, for a caller (the runner) to make before it creates anything, such
     as a run directory, for a run that could never start."""

@@ -210,6 +210,14 @@ class RunWriter:
         )
         self._claim_manifest()
 
+    @staticmethod
+    def check_free(root: str | Path, experiment: str, run_id: str, overwrite: bool = False) -> None:
+        """Raise RunExistsError now if `RunWriter(root, experiment, run_id)` would: a caller
+        says so before it starts anything slow (Ray, the hosts). The writer checks again
+        when it claims the directory."""
+        if not overwrite and Location.parse(root).child(experiment, run_id).child("manifest.json").exists():
+            raise RunExistsError(run_id, Location.parse(root).child(experiment, run_id).name)
+
     @classmethod
     def reopen(
         cls,
