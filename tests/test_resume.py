@@ -134,7 +134,7 @@ def test_sigkilled_run_resumes_from_its_last_checkpoint(ray_local, results_dir, 
     from test_cli_runs import env_with_venv, kill_tree
 
     common = [
-        "--set", "algorithm.name=scaffold", "--set", "partition.num_clients=20", "--set", "run.rounds=40",
+        "--set", "algorithm.name=scaffold", "--set", "partition.num_clients=20", "--set", "run.rounds=20",
         "--set", "output.checkpoint_every=4", "--set", f"output.dir={results_dir}",
     ]
     # The reference run goes in-process on the session's Ray (one Ray start fewer); the killed

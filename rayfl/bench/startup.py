@@ -203,9 +203,12 @@ def warm_head(hosts: int, timeout: float = 120.0) -> Iterator[str]:
             time.sleep(1.0)
         yield address
     finally:
-        os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops the head's processes on SIGTERM
+        # SIGTERM to the head's whole session, then SIGKILL: `ray start --block` itself can
+        # take 30 s and more to go after a SIGTERM (its processes are gone long before), and
+        # this head is the bench's own, with nothing to save
+        os.killpg(head.pid, signal.SIGTERM)
         try:
-            head.wait(timeout=30)
+            head.wait(timeout=5)
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait()
