@@ -340,11 +340,17 @@ def check_local_cluster(cfg: EngineConfig, num_clients: int) -> None:
     will have Ray's own count of this machine's CPUs (cgroup limits included) and the GPUs
     torch sees. A GPU request that torch cannot see is left to the check after the start:
     Ray may count GPUs this torch build cannot use."""
+    import os
+
     import torch
-    from ray._private.utils import get_num_cpus
 
     from rayfl.engine.placement import plan_placement
 
+    try:
+        from ray._private.utils import get_num_cpus  # what `ray.init` itself counts
+    except ImportError:  # a Ray that moved it: the CPUs this process may run on
+        def get_num_cpus() -> int:
+            return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if cfg.num_gpus_per_host > 0 and gpus == 0:
         return

@@ -215,8 +215,9 @@ class RunWriter:
         """Raise RunExistsError now if `RunWriter(root, experiment, run_id)` would: a caller
         says so before it starts anything slow (Ray, the hosts). The writer checks again
         when it claims the directory."""
-        if not overwrite and Location.parse(root).child(experiment, run_id).child("manifest.json").exists():
-            raise RunExistsError(run_id, Location.parse(root).child(experiment, run_id).name)
+        run_dir = Location.parse(root).child(experiment, run_id)
+        if not overwrite and run_dir.child("manifest.json").exists():
+            raise RunExistsError(run_id, run_dir.name)
 
     @classmethod
     def reopen(
