@@ -353,8 +353,8 @@ def test_resource_mistake_is_said_before_a_local_ray_starts(case, before_local_r
 
 
 def test_reused_run_id(before_local_ray):
-    """Found before Ray starts, and by the results writer on a Ray already running (the
-    sweep's trials): one line, with both ways out."""
+    """Found before Ray starts: one line, with both ways out (the writer's own check, for runs
+    on a Ray already running such as a sweep's trials, is tests/test_results.py's)."""
     again, ray_tmp = before_local_ray["run-id-again"]
     assert not any(ray_tmp.iterdir())
     assert_one_line(
