@@ -29,13 +29,13 @@ SIZES = {0: 7, 1: 12, 2: 3, 3: 10, 4: 0}  # unequal, a short last batch, one emp
 TOL = dict(rtol=1e-5, atol=2e-6)
 
 
-def make_host(vectorize: str, model: str = "mlp", seed: int = 3) -> ClientHostImpl:
-    return sized_host(SIZES, F_IN, C, ModelConfig(name=model, hidden=[5]), seed, 10.0, vectorize)
+def make_host(vectorize: str, model: str = "mlp", seed: int = 3, hidden: int = 5) -> ClientHostImpl:
+    return sized_host(SIZES, F_IN, C, ModelConfig(name=model, hidden=[hidden]), seed, 10.0, vectorize)
 
 
-def initial(model: str = "mlp") -> np.ndarray:
+def initial(model: str = "mlp", hidden: int = 5) -> np.ndarray:
     torch.manual_seed(0)
-    return get_flat(build_model(ModelConfig(name=model, hidden=[5]), (F_IN,), C)).numpy()
+    return get_flat(build_model(ModelConfig(name=model, hidden=[hidden]), (F_IN,), C)).numpy()
 
 
 def run_both(fn, broadcast, per_client=None, budgets=None, model="mlp", rounds=1):
@@ -140,21 +140,32 @@ def test_bad_vectorize_value_is_one_config_error():
     assert load_config(None, ["engine.vectorize=on"]).engine.vectorize == "on"  # not YAML's boolean
 
 
-def test_one_host_and_two_hosts_give_bitwise_identical_records():
+@pytest.mark.parametrize("hidden", [5, 40])
+def test_one_host_and_two_hosts_give_bitwise_identical_records(hidden):
     """Each client's arithmetic does not depend on which clients share its batch (padding to
     the configured batch size, not to the batch's largest client): one host running all
-    clients and two hosts splitting them return the same bits."""
-    x0 = initial()
+    clients and two hosts splitting them return the same bits. 40 hidden units make windows
+    of 5 steps (`window_shape`): clients of 2 to 6 steps, windows padded past a chunk's last."""
+    from rayfl.algorithms.local import window_shape
+
+    assert window_shape(4, hidden)[0] == (1 if hidden == 5 else 5)
+    x0 = initial(hidden=hidden)
     broadcast = {"params": x0, "lr": 0.3, "schedule": LocalSchedule(4, 2, None)}
-    whole = make_host("on").run(fedavg_client, list(SIZES), 0, broadcast)
-    split = (make_host("on").run(fedavg_client, [0, 2], 0, broadcast) + make_host("on").run(fedavg_client, [1], 0, broadcast)
-             + make_host("on").run(fedavg_client, [3, 4], 0, broadcast))  # one alone: a batch of one
+
+    def host() -> ClientHostImpl:
+        return make_host("on", hidden=hidden)
+
+    whole = host().run(fedavg_client, list(SIZES), 0, broadcast)
+    split = (host().run(fedavg_client, [0, 2], 0, broadcast) + host().run(fedavg_client, [1], 0, broadcast)
+             + host().run(fedavg_client, [3, 4], 0, broadcast))  # one alone: a batch of one
+    loop = make_host("off", hidden=hidden).run(fedavg_client, list(SIZES), 0, broadcast)
     split.sort(key=lambda r: r["client"])
-    for a, b in zip(whole, split, strict=True):
+    for a, b, c in zip(whole, split, loop, strict=True):
         assert a["local_steps"] == b["local_steps"]
         np.testing.assert_array_equal(a["values"]["delta"], b["values"]["delta"])
+        np.testing.assert_allclose(a["values"]["delta"], c["values"]["delta"], **TOL)
         assert a["values"]["loss"] == b["values"]["loss"] or np.isnan(a["values"]["loss"])
-    np.testing.assert_array_equal(broadcast["params"], initial())  # the shared broadcast is never written
+    np.testing.assert_array_equal(broadcast["params"], initial(hidden=hidden))  # the shared broadcast is never written
 
 
 # ---------------------------------------------------------------- end to end, on Ray
@@ -290,23 +301,25 @@ def test_a_window_of_steps_equals_single_sgd_steps_in_float64(hidden):
 def test_windows_are_sized_by_the_batch_size_alone():
     from rayfl.algorithms.local import ALIGN_FLOATS, WINDOW_ROWS, window_shape
 
-    assert window_shape(10) == (6, 64)  # the fedavg-mlp benchmark's epoch in one window, 4 zero rows
-    assert window_shape(WINDOW_ROWS) == (1, WINDOW_ROWS) and window_shape(3 * WINDOW_ROWS)[0] == 1  # one step at least
-    assert window_shape(1) == (WINDOW_ROWS, WINDOW_ROWS)
-    assert all(window_shape(b)[1] % ALIGN_FLOATS == 0 and window_shape(b)[1] >= window_shape(b)[0] * b
-               for b in range(1, 200))
+    assert window_shape(10, 200) == (6, 64)  # the fedavg-mlp benchmark's epoch in one window, 4 zero rows
+    assert window_shape(10, 10) == (1, 16)  # a linear model: one step (the Gram would cost 3x the step)
+    assert window_shape(10, 50) == (2, 32)  # at most outputs / 2 rows
+    assert window_shape(WINDOW_ROWS, 200) == (1, WINDOW_ROWS) and window_shape(3 * WINDOW_ROWS, 200)[0] == 1
+    assert window_shape(1, 1000) == (WINDOW_ROWS, WINDOW_ROWS)
+    assert all(window_shape(b, o)[1] % ALIGN_FLOATS == 0 and window_shape(b, o)[1] >= window_shape(b, o)[0] * b
+               for b in range(1, 200) for o in (10, 200))
 
 
 @pytest.mark.parametrize("s_n, b", [(6, 4), (8, 8)])
 def test_a_clients_bits_do_not_depend_on_its_place_in_the_batch(s_n, b):
     """Odd shapes (a 6x5 first layer: 120-byte blocks) where MKL's batched matmuls would sum
     in another order for a client whose block starts off a 64-byte boundary."""
-    from rayfl.algorithms.local import BatchedMLPGrad, window_shape
+    from rayfl.algorithms.local import ALIGN_FLOATS, BatchedMLPGrad
 
     kernel = BatchedMLPGrad([(F_IN, 5, True), (5, C, True)])
     d = F_IN * 5 + 5 + 5 * C + C
     g = torch.Generator().manual_seed(0)
-    _, rows = window_shape(b)
+    rows = -(-s_n * b // ALIGN_FLOATS) * ALIGN_FLOATS  # a window's padded length
     w, x = torch.randn(5, d, generator=g), torch.zeros(5, rows, F_IN)
     x[:, : s_n * b] = torch.randn(5, s_n * b, F_IN, generator=g)
     y, m, steps = torch.randint(0, C, (s_n, 5, b), generator=g), torch.ones(s_n, 5, b), torch.full((s_n, 5), 0.3)

@@ -210,8 +210,12 @@ def _sgd_chunk(
     steps = torch.tensor([[step_size(lr, t, s.lr_offset) for lr, s in zip(lrs, schedules, strict=True)]
                           for t in range(sb.steps)], dtype=w.dtype, device=w.device).view(sb.steps, -1) * sb.active
     if fused:  # plain SGD: the kernel writes w -= step * grad straight into the layers, a window of steps at a time
-        size, rows = window_shape(sb.width)
-        for t0 in range(0, sb.steps, size):
+        size, rows = window_shape(sb.width, grad_fn.shapes[0][1])
+        if size == 1:  # windows would not pay (a linear model, wide minibatches): plain steps, unpadded
+            for t in range(sb.steps):
+                loss = grad_fn.step(layers, sb.x_at(t), sb.y_at(t), sb.mask[t], steps[t])
+                loss_sum += torch.where(sb.active[t] > 0, loss.double(), 0.0)
+        for t0 in range(0, sb.steps if size > 1 else 0, size):
             window = range(t0, min(t0 + size, sb.steps))
             part = slice(window.start, window.stop)
             ys = [sb.y_at(t) for t in window]
@@ -411,8 +415,10 @@ class BatchedMLPGrad:
 
 
 # Minibatch rows per window of steps (BatchedMLPGrad.window): a window reads the first layer's
-# weights twice whatever its length, and its Gram corrections cost about rows / (2 * hidden) of
-# the steps' arithmetic (15% for 60 rows before 200 hidden units).
+# weights twice whatever its length, and its Gram corrections cost about rows / (2 * outputs)
+# of the steps' arithmetic: 15% for 60 rows before 200 hidden units, but 300% before a linear
+# model's 10 outputs, whose small weights stay in cache anyway. So a window holds at most
+# outputs / 2 rows (and WINDOW_ROWS), one step where that is less than a minibatch.
 WINDOW_ROWS = 64
 # MKL's batched matmuls choose their code path, and with it the order of a sum, by where each
 # client's matrix starts: a client's bits would depend on its position in the chunk unless
@@ -420,13 +426,14 @@ WINDOW_ROWS = 64
 ALIGN_FLOATS = 16
 
 
-def window_shape(width: int) -> tuple[int, int]:
-    """(steps, rows) of every window for minibatches of `width` rows: at most WINDOW_ROWS rows
-    of steps, at least one step, padded with zero rows to a multiple of ALIGN_FLOATS. Both
-    depend on the batch size alone and every window is padded to them (a chunk's last window
-    too), so a client's matmuls have the same shapes whichever clients share its chunk and 1,
-    2 or 3 hosts give the same bits."""
-    steps = max(1, WINDOW_ROWS // max(1, width))
+def window_shape(width: int, outputs: int) -> tuple[int, int]:
+    """(steps, rows) of every window for minibatches of `width` rows before a first layer of
+    `outputs` units: at most min(WINDOW_ROWS, outputs / 2) rows of steps, at least one step,
+    padded with zero rows to a multiple of ALIGN_FLOATS. Both depend on the batch size and the
+    model alone and every window is padded to them (a chunk's last window too), so a client's
+    matmuls have the same shapes whichever clients share its chunk and 1, 2 or 3 hosts give
+    the same bits."""
+    steps = max(1, min(WINDOW_ROWS, outputs // 2) // max(1, width))
     return steps, -(-steps * width // ALIGN_FLOATS) * ALIGN_FLOATS
 
 
