@@ -215,13 +215,14 @@ def _sgd_chunk(
             for t in range(sb.steps):
                 loss = grad_fn.step(layers, sb.x_at(t), sb.y_at(t), sb.mask[t], steps[t])
                 loss_sum += torch.where(sb.active[t] > 0, loss.double(), 0.0)
-        for t0 in range(0, sb.steps if size > 1 else 0, size):
-            window = range(t0, min(t0 + size, sb.steps))
-            part = slice(window.start, window.stop)
-            ys = [sb.y_at(t) for t in window]
-            losses = grad_fn.window(layers, sb.x_steps(part, rows), ys, sb.mask[part], steps[part])
-            for t, loss in zip(window, losses, strict=True):
-                loss_sum += torch.where(sb.active[t] > 0, loss.double(), 0.0)
+        else:
+            for t0 in range(0, sb.steps, size):
+                window = range(t0, min(t0 + size, sb.steps))
+                part = slice(window.start, window.stop)
+                ys = [sb.y_at(t) for t in window]
+                losses = grad_fn.window(layers, sb.x_steps(part, rows), ys, sb.mask[part], steps[part])
+                for t, loss in zip(window, losses, strict=True):
+                    loss_sum += torch.where(sb.active[t] > 0, loss.double(), 0.0)
         grad_fn.join(layers, w, start if minus_start else None)
         return layers
     for t in range(sb.steps):
