@@ -38,12 +38,14 @@ def comparable(df: pd.DataFrame) -> pd.DataFrame:
 
 
 @pytest.fixture
-def empty_pool(ray_local):
+def empty_pool(ray_local, refill_pool):
+    """No pooled host, then the session's test pool back (tests/conftest.py)."""
     pool.stop_pool()
     _wait_gone()
     yield pool
     pool.stop_pool()
     _wait_gone()
+    refill_pool()
 
 
 def _wait_gone(timeout: float = 20.0) -> None:

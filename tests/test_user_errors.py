@@ -264,7 +264,8 @@ def test_hosts_that_cannot_start_in_time(ray_local, tmp_path, capfd):
     hog = Hog.remote()
     ray_local.get(hog.ready.remote())
     try:
-        rc = main(tiny(tmp_path, "engine.num_hosts=2", "engine.start_timeout=2"))
+        # fresh hosts: pooled ones (the session's test pool) reserve no CPU, so nothing would wait
+        rc = main(tiny(tmp_path, "engine.num_hosts=2", "engine.start_timeout=2", "engine.pool=off"))
     finally:
         ray_local.kill(hog)
     assert_one_line(rc, capfd.readouterr().err, ("engine.start_timeout", "0 of 2 hosts", "0 CPUs"))
