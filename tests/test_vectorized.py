@@ -38,11 +38,11 @@ def initial(model: str = "mlp", hidden: int = 5) -> np.ndarray:
     return get_flat(build_model(ModelConfig(name=model, hidden=[hidden]), (F_IN,), C)).numpy()
 
 
-def run_both(fn, broadcast, per_client=None, budgets=None, model="mlp", rounds=1):
+def run_both(fn, broadcast, per_client=None, budgets=None, model="mlp", rounds=1, hidden=5):
     """Records of the loop and of the batched twin on identical fresh hosts."""
     out = {}
     for mode in ("off", "on"):
-        host = make_host(mode, model)
+        host = make_host(mode, model, hidden=hidden)
         recs = []
         for r in range(rounds):
             recs = host.run(fn, list(SIZES), r, broadcast, per_client, budgets)
@@ -88,13 +88,15 @@ def test_work_budget_truncates_like_the_loop():
     assert [r["local_steps"] for r in vec] == [2, 5, 2, 0, 0] and vec[0]["truncated"] and not vec[2]["truncated"]
 
 
-def test_scaffold_batched_keeps_control_variates_like_the_loop():
+@pytest.mark.parametrize("hidden", [5, 40])
+def test_scaffold_batched_keeps_control_variates_like_the_loop(hidden):
+    """40 hidden units: windows of several steps carry the correction c - c_i (`affine_terms`)."""
     assert batched_version(scaffold_client) is not None
-    x0 = initial()
+    x0 = initial(hidden=hidden)
     rng = np.random.default_rng(1)
     control = (0.05 * rng.normal(size=x0.shape)).astype(np.float32)
     broadcast = {"params": x0, "control": control, "lr": 0.2, "schedule": LocalSchedule(4, 1, None)}
-    (loop, host_l), (vec, host_v) = run_both(scaffold_client, broadcast, rounds=2)  # round 2 reads round 1's c_i
+    (loop, host_l), (vec, host_v) = run_both(scaffold_client, broadcast, rounds=2, hidden=hidden)  # round 2 reads round 1's c_i
     assert_records_match(loop, vec)
     for c in SIZES:
         a, b = host_l.states[c].get("control"), host_v.states[c].get("control")
@@ -140,17 +142,21 @@ def test_bad_vectorize_value_is_one_config_error():
     assert load_config(None, ["engine.vectorize=on"]).engine.vectorize == "on"  # not YAML's boolean
 
 
+@pytest.mark.parametrize("objective", ["sgd", "prox"])
 @pytest.mark.parametrize("hidden", [5, 40])
-def test_one_host_and_two_hosts_give_bitwise_identical_records(hidden):
+def test_one_host_and_two_hosts_give_bitwise_identical_records(hidden, objective):
     """Each client's arithmetic does not depend on which clients share its batch (padding to
     the configured batch size, not to the batch's largest client): one host running all
     clients and two hosts splitting them return the same bits. 40 hidden units make windows
-    of 5 steps (`window_shape`): clients of 2 to 6 steps, windows padded past a chunk's last."""
+    of 5 steps (`window_shape`): clients of 2 to 6 steps, windows padded past a chunk's last.
+    "prox": FedProx with weight decay (the windows' affine terms)."""
     from rayfl.algorithms.local import window_shape
 
     assert window_shape(4, hidden)[0] == (1 if hidden == 5 else 5)
     x0 = initial(hidden=hidden)
     broadcast = {"params": x0, "lr": 0.3, "schedule": LocalSchedule(4, 2, None)}
+    if objective == "prox":
+        broadcast.update(prox_mu=0.5, weight_decay=0.01)
 
     def host() -> ClientHostImpl:
         return make_host("on", hidden=hidden)
@@ -247,15 +253,18 @@ def test_batched_mlp_kernel_matches_float64_autograd_per_client():
     np.testing.assert_allclose(moved.numpy(), (w - step[:, None] * grad).numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("terms", ["sgd", "decay", "drift", "all"])
 @pytest.mark.parametrize("hidden", [[5, 4], None])
-def test_a_window_of_steps_equals_single_sgd_steps_in_float64(hidden):
+def test_a_window_of_steps_equals_single_sgd_steps_in_float64(hidden, terms):
     """BatchedMLPGrad.window (S steps reading the first layer once, in a window padded with
-    zero rows) against each client's plain SGD in float64 autograd on its own unpadded
-    minibatches, with per-step step sizes, a short minibatch and a step one client skips; and
-    against S calls of the one-step kernel."""
+    zero rows) against each client's SGD in float64 autograd on its own unpadded minibatches,
+    with per-step step sizes, a short minibatch and a step one client skips; and against S
+    calls of the one-step kernel. `terms`: plain SGD, or with the gradient's affine terms
+    (`affine_terms`): weight decay, a FedProx pull towards a center other than the start,
+    SCAFFOLD's correction, each per client."""
     import torch.nn.functional as F
 
-    from rayfl.algorithms.local import BatchedMLPGrad
+    from rayfl.algorithms.local import BatchedMLPGrad, affine_terms
     from rayfl.models.params import functional_logits
 
     model = build_model(ModelConfig(name="mlp" if hidden else "linear", hidden=hidden or []), (F_IN,), C)
@@ -270,16 +279,22 @@ def test_a_window_of_steps_equals_single_sgd_steps_in_float64(hidden):
     m[2, 1, 3:] = 0  # client 1's third minibatch is short
     m[3, 2] = 0  # client 2 takes three steps
     steps = torch.tensor([[0.5, 0.3, 0.2], [0.4, 0.3, 0.2], [0.3, 0.3, 0.2], [0.2, 0.3, 0.0]])
+    wd = torch.tensor([[0.3], [0.0], [0.1]]) if terms in ("decay", "all") else None
+    mu = torch.tensor([[0.5], [0.2], [0.0]]) if terms == "all" else None
+    centers = torch.randn(k, d, generator=g) if terms == "all" else None
+    corrections = 0.5 * torch.randn(k, d, generator=g) if terms in ("drift", "all") else None
+    decay, drift = affine_terms(wd, mu, centers, corrections)
     moved = w.clone()
     layers = kernel.split(moved)
+    drift_layers = None if drift is None else kernel.split(drift)
     padded = torch.zeros(k, (s_n + 2) * b, F_IN)  # a window padded by two steps of zero rows
     padded[:, : s_n * b] = x.transpose(0, 1).reshape(k, s_n * b, F_IN)
-    losses = kernel.window(layers, padded, list(y), m, steps)
+    losses = kernel.window(layers, padded, list(y), m, steps, decay, drift_layers)
     kernel.join(layers, moved)
     one_by_one = w.clone()
     single = kernel.split(one_by_one)
     for t in range(s_n):
-        kernel.step(single, x[t], y[t], m[t], steps[t])
+        kernel.step(single, x[t], y[t], m[t], steps[t], decay, drift_layers)
     kernel.join(single, one_by_one)
     np.testing.assert_allclose(moved.numpy(), one_by_one.numpy(), rtol=1e-5, atol=1e-6)
     model64 = model.double()
@@ -293,8 +308,15 @@ def test_a_window_of_steps_equals_single_sgd_steps_in_float64(hidden):
             loss = F.cross_entropy(functional_logits(model64, v, x[t, j][rows].double()), y[t, j][rows])
             (grad,) = torch.autograd.grad(loss, v)
             np.testing.assert_allclose(losses[t][j].item(), loss.item(), rtol=1e-5)
+            v = v.detach()
+            if wd is not None:
+                grad = grad + float(wd[j]) * v
+            if mu is not None:
+                grad = grad + float(mu[j]) * (v - centers[j].double())
+            if corrections is not None:
+                grad = grad + corrections[j].double()
             v = v - float(steps[t, j]) * grad
-        np.testing.assert_allclose(moved[j].numpy(), v.detach().numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(moved[j].numpy(), v.numpy(), rtol=1e-5, atol=1e-6)
     assert not torch.equal(moved, w)
 
 
@@ -310,10 +332,12 @@ def test_windows_are_sized_by_the_batch_size_alone():
                for b in range(1, 200) for o in (10, 200))
 
 
+@pytest.mark.parametrize("affine", [False, True])
 @pytest.mark.parametrize("s_n, b", [(6, 4), (8, 8)])
-def test_a_clients_bits_do_not_depend_on_its_place_in_the_batch(s_n, b):
+def test_a_clients_bits_do_not_depend_on_its_place_in_the_batch(s_n, b, affine):
     """Odd shapes (a 6x5 first layer: 120-byte blocks) where MKL's batched matmuls would sum
-    in another order for a client whose block starts off a 64-byte boundary."""
+    in another order for a client whose block starts off a 64-byte boundary; plain SGD, and
+    with weight decay and a drift (FedProx, SCAFFOLD)."""
     from rayfl.algorithms.local import ALIGN_FLOATS, BatchedMLPGrad
 
     kernel = BatchedMLPGrad([(F_IN, 5, True), (5, C, True)])
@@ -324,10 +348,15 @@ def test_a_clients_bits_do_not_depend_on_its_place_in_the_batch(s_n, b):
     x[:, : s_n * b] = torch.randn(5, s_n * b, F_IN, generator=g)
     y, m, steps = torch.randint(0, C, (s_n, 5, b), generator=g), torch.ones(s_n, 5, b), torch.full((s_n, 5), 0.3)
 
+    decay = torch.linspace(0.1, 0.5, 5) if affine else None
+    drift = torch.randn(5, d, generator=g) if affine else None
+
     def moved(ids: list[int]) -> torch.Tensor:
         out = w[ids].clone()
         layers = kernel.split(out)
-        kernel.window(layers, x[ids].clone(), [t[ids] for t in y], m[:, ids], steps[:, ids])
+        pull = None if drift is None else kernel.split(drift[ids].clone())
+        kernel.window(layers, x[ids].clone(), [t[ids] for t in y], m[:, ids], steps[:, ids],
+                      None if decay is None else decay[ids], pull)
         kernel.join(layers, out)
         return out[ids.index(1)]
 

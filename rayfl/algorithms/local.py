@@ -202,29 +202,33 @@ def _sgd_chunk(
     the caller's rows), one parameter segment (layer) at a time: no [K, d] temporaries beyond
     the gradient itself. Returns the working copies for the next chunk to reuse (`scratch`)."""
     sb = stack_batches(ctxs, plans, width)
-    fused = wd is None and mu is None and corrections is None and isinstance(grad_fn, BatchedMLPGrad)
+    fused = isinstance(grad_fn, BatchedMLPGrad)
     if fused:
-        layers = grad_fn.split(start, scratch)
+        reuse, reuse_drift = scratch if scratch is not None else (None, None)
+        layers = grad_fn.split(start, reuse)
+        decay, drift = affine_terms(wd, mu, centers, corrections)
+        drift_layers = None if drift is None else grad_fn.split(drift, reuse_drift)
     else:
         w.copy_(start)
     steps = torch.tensor([[step_size(lr, t, s.lr_offset) for lr, s in zip(lrs, schedules, strict=True)]
                           for t in range(sb.steps)], dtype=w.dtype, device=w.device).view(sb.steps, -1) * sb.active
-    if fused:  # plain SGD: the kernel writes w -= step * grad straight into the layers, a window of steps at a time
+    if fused:  # the kernel moves the layers in place (no gradient materialised), a window of steps at a time
         size, rows = window_shape(sb.width, grad_fn.shapes[0][1])
         if size == 1:  # windows would not pay (a linear model, wide minibatches): plain steps, unpadded
             for t in range(sb.steps):
-                loss = grad_fn.step(layers, sb.x_at(t), sb.y_at(t), sb.mask[t], steps[t])
+                loss = grad_fn.step(layers, sb.x_at(t), sb.y_at(t), sb.mask[t], steps[t], decay, drift_layers)
                 loss_sum += torch.where(sb.active[t] > 0, loss.double(), 0.0)
         else:
             for t0 in range(0, sb.steps, size):
                 window = range(t0, min(t0 + size, sb.steps))
                 part = slice(window.start, window.stop)
                 ys = [sb.y_at(t) for t in window]
-                losses = grad_fn.window(layers, sb.x_steps(part, rows), ys, sb.mask[part], steps[part])
+                losses = grad_fn.window(layers, sb.x_steps(part, rows), ys, sb.mask[part], steps[part], decay,
+                                        drift_layers)
                 for t, loss in zip(window, losses, strict=True):
                     loss_sum += torch.where(sb.active[t] > 0, loss.double(), 0.0)
         grad_fn.join(layers, w, start if minus_start else None)
-        return layers
+        return layers, drift_layers if drift_layers is not None else reuse_drift
     for t in range(sb.steps):
         step = steps[t]
         segments, loss = grad_fn(w, sb.x_at(t), sb.y_at(t), sb.mask[t])
@@ -243,6 +247,25 @@ def _sgd_chunk(
     if minus_start:
         w -= start
     return scratch
+
+
+def affine_terms(wd: torch.Tensor | None, mu: torch.Tensor | None, centers: torch.Tensor | None,
+                 corrections: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The part of the local gradient that is affine in the parameters w: weight decay wd * w,
+    FedProx's mu * (w - center), SCAFFOLD's constant correction. With it an SGD step is
+        w <- (1 - step * decay) w - step * grad + step * drift,
+    decay = wd + mu [K] and drift = mu * center - correction [K, d], which the fused kernel
+    carries through a window of steps in closed form. Each is None where it is 0."""
+    decay = None
+    for coef in (wd, mu):
+        if coef is not None:
+            decay = coef[:, 0] if decay is None else decay + coef[:, 0]
+    drift = None
+    if mu is not None:
+        drift = mu * centers
+    if corrections is not None:
+        drift = -corrections if drift is None else drift - corrections
+    return decay, drift
 
 
 def _column(values: Sequence[float] | None, rows: slice, device: torch.device) -> torch.Tensor | None:
@@ -317,47 +340,86 @@ class BatchedMLPGrad:
                 _write(dst_b, b, sub_b)
 
     def step(self, layers: list[tuple[torch.Tensor, torch.Tensor | None]], x: torch.Tensor, y: torch.Tensor,
-             m: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
-        """One SGD step w -= step * grad applied in place to `split`'s layers, without
-        materialising the gradient. Returns the masked mean CE [K]."""
-        return self.window(layers, x, [y], m[None], step[None])[0]
+             m: torch.Tensor, step: torch.Tensor, decay: torch.Tensor | None = None,
+             drift: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None) -> torch.Tensor:
+        """One SGD step w <- (1 - step * decay) w - step * (grad - drift) applied in place to
+        `split`'s layers, without materialising the gradient (`affine_terms`; plain SGD
+        without decay and drift). Returns the masked mean CE [K]."""
+        return self.window(layers, x, [y], m[None], step[None], decay, drift)[0]
 
     def window(self, layers: list[tuple[torch.Tensor, torch.Tensor | None]], x: torch.Tensor,
-               ys: Sequence[torch.Tensor], ms: torch.Tensor, steps: torch.Tensor) -> list[torch.Tensor]:
+               ys: Sequence[torch.Tensor], ms: torch.Tensor, steps: torch.Tensor, decay: torch.Tensor | None = None,
+               drift: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None) -> list[torch.Tensor]:
         """S consecutive SGD steps (S = len(steps), `steps` [S, K] the step sizes, 0 where a
         client skips the step) in place on `split`'s layers, reading the first layer's weights
         twice for all S steps instead of three times per step: the host is bound by that
         traffic (784x200 weights per client), not by arithmetic.
 
-        The first layer moves by W_{s+1} = W_s - D_s^T X_s (D_s: step s's scaled, masked error
-        at its output), so step s's pre-activation is exactly
+        Plain SGD moves the first layer by W_{s+1} = W_s - D_s^T X_s (D_s: step s's scaled,
+        masked error at its output), so step s's pre-activation is exactly
             X_s W_s^T = X_s W_0^T - sum_{j<s} (X_s X_j^T) D_j:
         one batched matmul gives every step's X_s W_0^T, the Gram matrix X X^T (S*B rows) the
-        corrections, and W_S = W_0 - D^T X is one matmul at the end. Same values as S single
-        steps, up to float32 summation order. `x` [K, R, ...] holds each client's S
-        minibatches one after another, then zero rows up to the window's padded length R
-        (`window_shape`, `StackedBatches.x_steps`); `ys` the S label tensors [K, B], `ms` [S, K, B] the
-        masks. Returns the masked mean CE [K] of each step."""
+        corrections, and W_S = W_0 - D^T X is one matmul at the end.
+
+        With `decay` [K] and `drift` (`split`'s layers of [K, d], see `affine_terms`) a step is
+        W_{s+1} = a_s W_s - D_s^T X_s + step_s Q, a_s = 1 - step_s * decay, so
+            W_s = A_s W_0 - sum_{j<s} c_{s,j} D_j^T X_j + r_s Q,
+        A_s = prod_{i<s} a_i, c_{s,j} = prod_{j<i<s} a_i, r_s = sum_{j<s} c_{s,j} step_j: the
+        same matmuls, scaled, and one more for every step's X_s Q^T. Layers above the first
+        take the step directly.
+
+        Same values as S single steps, up to float32 summation order. `x` [K, R, ...] holds
+        each client's S minibatches one after another, then zero rows up to the window's padded
+        length R (`window_shape`, `StackedBatches.x_steps`); `ys` the S label tensors [K, B],
+        `ms` [S, K, B] the masks. Returns the masked mean CE [K] of each step."""
         (w0, b0), n_steps, width = layers[0], len(steps), ms.shape[2]
         k = x.shape[0]
         flat = x.reshape(k, x.shape[1], -1)
         base = torch.bmm(flat, w0.transpose(1, 2))  # every step's X_s W_0^T
         gram = torch.bmm(flat, flat.transpose(1, 2)) if n_steps > 1 else None
+        pull = torch.bmm(flat, drift[0][0].transpose(1, 2)) if drift is not None and n_steps > 1 else None  # X_s Q^T
+        keeps = None if decay is None else 1.0 - steps * decay  # a_s [S, K]
+        scale = torch.ones(k, dtype=base.dtype, device=base.device)  # A_s
+        coef = torch.ones(k, 0, dtype=base.dtype, device=base.device)  # c_{s,j}, j < s
+        reach = torch.zeros(k, dtype=base.dtype, device=base.device)  # r_s
         moves = torch.zeros_like(base)  # D_s, filled step by step; 0 on the padding rows
         losses = []
         for s in range(n_steps):
             rows = slice(s * width, (s + 1) * width)
             z = base[:, rows]
             if s:
-                z = aligned_batch(z, copy=True).baddbmm_(gram[:, rows, : s * width], moves[:, : s * width], alpha=-1.0)
+                z = aligned_batch(z, copy=True)
+                if keeps is not None:
+                    z.mul_(scale[:, None, None])
+                    gram_s = aligned_batch(gram[:, rows, : s * width], copy=True)
+                    gram_s.mul_(coef.repeat_interleave(width, dim=1)[:, None, :])
+                else:
+                    gram_s = gram[:, rows, : s * width]
+                z.baddbmm_(gram_s, moves[:, : s * width], alpha=-1.0)
+                if pull is not None:
+                    z.add_(pull[:, rows] * reach[:, None, None])
             if b0 is not None:
                 z = z + b0[:, None, :]
-            _, loss, error = self._above_first(layers, z, ys[s], ms[s], steps[s])
+            keep = None if keeps is None else keeps[s]
+            _, loss, error = self._above_first(layers, z, ys[s], ms[s], steps[s], keep, drift)
             moves[:, rows] = error
             if b0 is not None:
-                b0.sub_(error.sum(dim=1))
+                _affine_move(b0, error.sum(dim=1), keep, None if drift is None else drift[0][1], steps[s])
             losses.append(loss)
+            if keep is not None:  # A, c and r of step s + 1
+                scale = scale * keep
+                coef = torch.cat([coef * keep[:, None], torch.ones_like(keep)[:, None]], dim=1)
+                reach = reach * keep + steps[s]
+            else:
+                reach = reach + steps[s]
+        if keeps is not None:
+            w0.mul_(scale[:, None, None])
+            scaled = aligned_batch(moves, copy=True)
+            scaled[:, : n_steps * width].mul_(coef.repeat_interleave(width, dim=1)[:, :, None])
+            moves = scaled
         w0.baddbmm_(moves.transpose(1, 2), flat, alpha=-1.0)
+        if drift is not None:
+            w0.add_(drift[0][0] * reach[:, None, None])
         return losses
 
     def __call__(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor) -> tuple[list[tuple[int, torch.Tensor]], torch.Tensor]:
@@ -376,11 +438,13 @@ class BatchedMLPGrad:
 
     def _above_first(
         self, layers: list[tuple[torch.Tensor, torch.Tensor | None]], z0: torch.Tensor, y: torch.Tensor,
-        m: torch.Tensor, step: torch.Tensor | None,
+        m: torch.Tensor, step: torch.Tensor | None, keep: torch.Tensor | None = None,
+        drift: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None,
     ) -> tuple[list[tuple[int, torch.Tensor]], torch.Tensor, torch.Tensor]:
         """From the first layer's pre-activation `z0`: the forward pass, the masked mean CE [K]
         and the backward pass down to the first layer, which the caller moves. Layers above it
-        move in place by step * grad (with `step`) or give their gradient segments (without).
+        move in place (with `step`: w <- keep * w - step * grad + step * drift, `window`) or
+        give their gradient segments (without).
         Returns (segments, loss, error at the first layer's output, scaled by `step` if given)."""
         inputs, pre, h = [], [z0], z0
         for weight, bias in layers[1:]:
@@ -404,9 +468,13 @@ class BatchedMLPGrad:
             (weight, bias), offset, h_in = layers[i], self.offsets[i], inputs[i - 1]
             back = torch.bmm(dz, weight) * (pre[i - 1] > 0)  # before the weight moves
             if step is not None:
-                weight.baddbmm_(dz.transpose(1, 2), h_in, alpha=-1.0)
+                pull_w, pull_b = (None, None) if drift is None else drift[i]
+                if keep is None and pull_w is None:
+                    weight.baddbmm_(dz.transpose(1, 2), h_in, alpha=-1.0)
+                else:
+                    _affine_move(weight, torch.bmm(dz.transpose(1, 2), h_in), keep, pull_w, step)
                 if bias is not None:
-                    bias.sub_(dz.sum(dim=1))
+                    _affine_move(bias, dz.sum(dim=1), keep, pull_b, step)
             else:
                 grads.append((offset, torch.bmm(dz.transpose(1, 2), h_in).reshape(dz.shape[0], -1)))
                 if bias is not None:
@@ -447,6 +515,18 @@ def aligned_batch(t: torch.Tensor, copy: bool = False) -> torch.Tensor:
     if copy:
         out.copy_(t)
     return out
+
+
+def _affine_move(p: torch.Tensor, moved: torch.Tensor, keep: torch.Tensor | None, drift: torch.Tensor | None,
+                 step: torch.Tensor) -> None:
+    """p <- keep * p - moved + step * drift in place (`moved` already scaled by the step;
+    `keep` [K] and `drift` like p, each skipped where None)."""
+    shape = (-1,) + (1,) * (p.dim() - 1)
+    if keep is not None:
+        p.mul_(keep.view(shape))
+    p.sub_(moved)
+    if drift is not None:
+        p.add_(drift * step.view(shape))
 
 
 def _write(dst: torch.Tensor, src: torch.Tensor, minus: torch.Tensor | None) -> None:
