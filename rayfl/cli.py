@@ -26,6 +26,7 @@ examples:
   rayfl bench async --clients 1000            stragglers: sync vs deadline vs FedBuff; async speed-up
   rayfl bench zo                              wall time of a ZO-HFL round vs FedAvg rounds (offline MNIST)
   rayfl bench fedavg-mlp                      rayfl (vectorised / loop, 1 and 2 hosts) vs a plain PyTorch loop
+  rayfl bench fedprox-mlp                     the same with FedProx's proximal term (mu 0.01)
   rayfl bench startup                         a 10-round fedavg-mlp run as a process: seconds outside its rounds
 
 algorithms (algorithm.name; `rayfl validate --set algorithm.name=X` prints X's options):
@@ -157,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="time runs that join a head with warm pooled hosts (the bench starts and stops both)")
     st.add_argument("--hosts", type=int, default=2, help="pooled hosts with --warm (default 2)")
     st.add_argument("--out", default="bench/startup.json")
-    for workload in ("fedavg-mlp", "fedavg-linear"):
+    for workload in ("fedavg-mlp", "fedavg-linear", "fedprox-mlp"):
         fa = bsub.add_parser(workload, help=f"{workload}: rayfl vs a plain PyTorch loop doing the same client work "
                              "(1,000 clients x 60 samples, 100 per round)")
         fa.add_argument("--rounds", type=int, default=12, help="rounds per run (round 0 and the last are not timed)")
@@ -406,7 +407,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from rayfl.bench.zo import run_zo_bench
 
         result = run_zo_bench(args.rounds, Path(args.out), args.source, args.data_dir, args.vectorize)
-    elif args.bench in ("fedavg-mlp", "fedavg-linear"):
+    elif args.bench in ("fedavg-mlp", "fedavg-linear", "fedprox-mlp"):
         from rayfl.bench.fedavg import run_fedavg_bench
 
         result = run_fedavg_bench(args.bench, args.rounds, Path(args.out), args.hosts, args.vectorize, args.loop_threads or None,

@@ -45,7 +45,7 @@ def rayfl_clients_in_process(cfg, ds, vectorize: str) -> np.ndarray:
     alg = cfg.algorithm
     for r in range(ROUNDS):
         ids = sample_clients(cfg.run.seed, r, sizes, alg.clients_per_round)
-        recs = host.run(fedavg_client, ids, r, {"params": x, "lr": alg.lr,
+        recs = host.run(fedavg_client, ids, r, {"params": x, "lr": alg.lr, "prox_mu": getattr(alg, "mu", 0.0),
                                                 "schedule": LocalSchedule(alg.batch_size, alg.local_epochs, None)})
         w = sizes[ids] / sizes[ids].sum()
         x = (x + sum(wi * rec["values"]["delta"].astype(np.float64) for wi, rec in zip(w, recs, strict=True))).astype(np.float32)
@@ -60,6 +60,18 @@ def test_reference_loop_reaches_rayfls_model(small, vectorize):
     assert np.abs(ref.final - initial_params(cfg, ds)).max() > 1e-3  # it trained
     np.testing.assert_allclose(mine, ref.final, rtol=0, atol=1e-5)
     assert len(ref.round_seconds) == ROUNDS and sorted(ref.sampled) == list(range(ROUNDS))
+
+
+@pytest.mark.parametrize("vectorize", ["off", "on"])
+def test_reference_fedprox_loop_reaches_rayfls_model(small, vectorize):
+    """`fedprox-mlp`: the loop's proximal gradient is rayfl's FedProx (a strong mu, so that
+    the term matters: the model is 70x the tolerance away from FedAvg's)."""
+    cfg, ds = small
+    prox = workload_config("fedprox-mlp", ROUNDS, *SMALL, "algorithm.mu=0.5")
+    assert prox.algorithm.name == "fedprox" and prox.data == cfg.data  # the same data as `small`
+    ref = run_reference_loop(prox, ds, ROUNDS)
+    np.testing.assert_allclose(rayfl_clients_in_process(prox, ds, vectorize), ref.final, rtol=0, atol=1e-5)
+    assert np.abs(ref.final - run_reference_loop(cfg, ds, ROUNDS).final).max() > 1e-4
 
 
 def test_reference_initial_model_and_sampling_are_the_federations(small):
@@ -83,6 +95,7 @@ def test_cli_parses_the_fedavg_workloads():
     assert (args.bench, args.rounds, args.hosts, args.vectorize) == ("fedavg-mlp", 5, [1, 2, 3], ["on"])
     assert p.parse_args(["bench", "fedavg-linear"]).vectorize == ["on", "off"]
     assert p.parse_args(["bench", "fedavg-linear"]).preaggregate == ["off", "on"]
+    assert p.parse_args(["bench", "fedprox-mlp"]).out == "bench/fedprox-mlp.json"
     assert p.parse_args(["bench", "fedavg-mlp", "--preaggregate", "on"]).preaggregate == ["on"]
     for bad in (["--hosts", "0"], ["--vectorize", "sometimes"], ["--preaggregate", "auto"]):
         with pytest.raises(SystemExit):

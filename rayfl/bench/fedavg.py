@@ -29,6 +29,8 @@ from rayfl.bench.reference import run_reference_loop
 WORKLOADS = {
     "fedavg-mlp": ["model.name=mlp", "model.hidden=[200]"],
     "fedavg-linear": ["model.name=linear"],
+    # FedProx's proximal term: the vectorised kernel carries it through its windows of steps
+    "fedprox-mlp": ["model.name=mlp", "model.hidden=[200]", "algorithm.name=fedprox", "algorithm.mu=0.01"],
 }
 COMMON = [
     # 75 samples per client, 15 of them held out: 60 training samples each
@@ -95,7 +97,8 @@ def run_fedavg_bench(
         "workload": workload,
         "data": "synthetic IID, 784 features, 10 classes (shaped like MNIST, generated offline); "
                 "1,000 clients x 60 training samples",
-        "model": "MLP 784-200-10" if workload == "fedavg-mlp" else "linear 784-10",
+        "model": "MLP 784-200-10" if workload.endswith("-mlp") else "linear 784-10",
+        "algorithm": cfg.algorithm.name, "prox_mu": getattr(cfg.algorithm, "mu", 0.0),
         "clients_per_round": per_round, "local_epochs": 1, "batch_size": 10, "lr": 0.05, "rounds": rounds,
         "timed_rounds": f"1..{rounds - 2} (median; round 0 is warm-up, round {rounds - 1} evaluates)",
         "data_seconds": round(data_seconds, 3),

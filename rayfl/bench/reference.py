@@ -46,7 +46,8 @@ def sample_clients(seed: int, round: int, sizes: np.ndarray, k: int) -> list[int
 
 
 def run_reference_loop(cfg: Config, dataset: FederatedDataset, rounds: int, threads: int | None = 1) -> LoopResult:
-    """FedAvg (server_lr 1, sample weights) for `rounds` rounds, one client after another,
+    """FedAvg (server_lr 1, sample weights; FedProx: each client's gradient plus
+    mu * (w - w_global)) for `rounds` rounds, one client after another,
     on `threads` torch threads (None: torch's default, one per core). One thread is the fair
     default: rayfl's hosts run one each (engine.torch_threads), and on a shared machine
     torch's spinning OpenMP workers make a multi-threaded loop of tiny steps far slower."""
@@ -59,6 +60,8 @@ def run_reference_loop(cfg: Config, dataset: FederatedDataset, rounds: int, thre
             torch.set_num_threads(previous)
     alg = cfg.algorithm
     assert alg.local_epochs is not None and alg.local_steps is None, "the reference loop runs local epochs"
+    assert alg.name in ("fedavg", "fedprox") and not alg.weight_decay, "the reference loop runs FedAvg / FedProx"
+    mu = float(getattr(alg, "mu", 0.0))
     seed = cfg.run.seed
     sizes = np.array([len(ix) for ix in dataset.client_train], dtype=np.int64)
     model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
@@ -74,9 +77,13 @@ def run_reference_loop(cfg: Config, dataset: FederatedDataset, rounds: int, thre
             rows = dataset.client_train[c]
             cx, cy = torch.from_numpy(dataset.train_x[rows]), torch.from_numpy(dataset.train_y[rows])
             set_flat(model, x)
+            center = [p.detach().clone() for p in model.parameters()] if mu else []
             for idx in epoch_indices(numpy_rng(seed, "batches", r, c), len(rows), alg.batch_size, alg.local_epochs):
                 opt.zero_grad(set_to_none=True)
                 F.cross_entropy(model(cx[idx]), cy[idx]).backward()
+                if mu:  # FedProx: the gradient of mu/2 ||w - w_global||^2
+                    for p, p0 in zip(model.parameters(), center, strict=True):
+                        p.grad.add_(p.detach() - p0, alpha=mu)
                 opt.step()
             acc += w * (get_flat(model) - x).double()
         x = (x.double() + acc).float()
