@@ -4,7 +4,7 @@ memory, result-writing (`common`) and reference-loop (`reference`) machinery.
     scale          many registered clients, seconds per round and peak memory
     asynchronous   stragglers: sync vs deadline vs FedBuff, async wall-clock speed-up
     zo             a ZO-HFL round against FedAvg rounds
-    fedavg         fedavg-mlp / fedavg-linear: rayfl against a plain PyTorch loop doing the
+    fedavg         fedavg-mlp / fedavg-linear / fedprox-mlp: rayfl against a plain PyTorch loop doing the
                    same client work, vectorised and not, pre-aggregated and not, on 1 and 2 hosts
     startup        a short job as a whole process: the seconds outside its rounds, by phase"""
 

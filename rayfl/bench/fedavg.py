@@ -1,8 +1,8 @@
-"""`rayfl bench fedavg-mlp` / `fedavg-linear`: rayfl against a plain PyTorch loop.
+"""`rayfl bench fedavg-mlp` / `fedavg-linear` / `fedprox-mlp`: rayfl against a plain PyTorch loop.
 
 The workload of issue 13: 1,000 clients x 60 training samples, 100 sampled per round, one local
-epoch of batch 10 at lr 0.05, an MLP 784-200-10 (`fedavg-mlp`) or the linear softmax model
-(`fedavg-linear`). The data are synthetic (Synthetic-IID, 784 features, 10 classes: shaped like
+epoch of batch 10 at lr 0.05, an MLP 784-200-10 (`fedavg-mlp`; `fedprox-mlp` with FedProx's
+proximal term, mu 0.01) or the linear softmax model (`fedavg-linear`). The data are synthetic (Synthetic-IID, 784 features, 10 classes: shaped like
 MNIST, generated offline from the seed), so the benchmark needs no download.
 
 One invocation runs the reference loop (`rayfl.bench.reference`) and rayfl under each requested
