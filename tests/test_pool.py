@@ -132,6 +132,21 @@ def test_a_lease_is_exclusive_while_its_driver_lives(host):
     assert host.lease(other, ident) is None
 
 
+def test_two_runs_of_one_driver_never_share_a_host(host):
+    """Two runs in one process (threads, a notebook, the tests' own runs) hold their own leases:
+    the second may not empty the first's host."""
+    first, second, ident = pool.holder(), pool.holder(), pool.identity()
+    assert first["pid"] == second["pid"] and first != second
+    assert host.lease(first, ident) is None
+    host.clients = "the first run's clients"
+    assert "another run of this driver" in host.lease(second, ident)
+    with pytest.raises(RuntimeError, match="not leased to this driver"):
+        host.become(second, 0, {}, {}, None, None, (2,), 2, 0)
+    assert host.release(second) is False and host.clients == "the first run's clients"
+    assert host.release(first) is True
+    assert host.lease(second, ident) is None
+
+
 def test_a_dead_drivers_lease_is_taken_over_and_its_clients_dropped(host):
     gone = dead_holder()
     assert host.lease(gone, pool.identity()) is None

@@ -142,7 +142,11 @@ class Federation:
         self.hosts: list[Any] = []
         self.hosts = self._start_hosts()
         if resume is not None:
-            self._restore(resume)
+            try:
+                self._restore(resume)
+            except BaseException:  # the hosts (and any pooled ones leased) go with the failed start
+                self.shutdown()
+                raise
 
     # ------------------------------------------------------------------ set-up
 

@@ -14,8 +14,8 @@ What makes a leased host as good as a fresh one:
   loaded changed on disk since (or was imported during a lease and is newer than its start), or
   when the driver's Python, rayfl checkout, torch, numpy or runtime env differ from its own. The run then
   starts a fresh host, and the stale one is replaced by a fresh pooled host as the run ends;
-- one run at a time: a lease names the driver's process and node, and a lease whose process is
-  gone (a killed run) is taken over.
+- one run at a time: a lease names the run (two runs in one process never share a host), its
+  driver's process and node, and a lease whose process is gone (a killed run) is taken over.
 
 Pooled hosts reserve no CPU (`num_cpus=0`), so an idle pool never blocks other work on the
 head; two runs leasing at once share the cores as two runs of fresh hosts would not. They hold
@@ -78,13 +78,16 @@ def changed_files(known: dict[str, tuple[int, int]]) -> list[str]:
 
 
 def holder() -> dict[str, Any]:
-    """This driver, as a lease names it: its process (with its start time, against pid reuse)
-    and its Ray node (a process id means nothing on another node)."""
+    """A new lease holder for one run of this driver: its process (with its start time, against
+    pid reuse), its Ray node (a process id means nothing on another node) and a token of its
+    own, so that two runs in one process (threads, a notebook) never share a host."""
+    import uuid
+
     import psutil
     import ray
 
     return {"pid": os.getpid(), "started": psutil.Process().create_time(),
-            "node_id": ray.get_runtime_context().get_node_id()}
+            "node_id": ray.get_runtime_context().get_node_id(), "run": uuid.uuid4().hex}
 
 
 def _alive(h: dict[str, Any]) -> bool:
@@ -121,7 +124,8 @@ class PooledHost(ClientHostImpl):
 
         slot = self._slot
         if slot.lease is not None and slot.lease != by and _alive(slot.lease):
-            return f"leased by process {slot.lease['pid']}"
+            mine = " (another run of this driver)" if slot.lease["pid"] == by["pid"] else ""
+            return f"leased by process {slot.lease['pid']}{mine}"
         if by["node_id"] != ray.get_runtime_context().get_node_id():
             return "serves drivers on its own node only"
         if driver != slot.identity:
