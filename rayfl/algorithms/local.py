@@ -200,7 +200,8 @@ def _sgd_chunk(
     """`local_sgd_batched`'s steps for one chunk of clients from `start`, writing the final
     vectors (with `minus_start`, final - start) into `w` and adding to `loss_sum` (views of
     the caller's rows), one parameter segment (layer) at a time: no [K, d] temporaries beyond
-    the gradient itself. Returns the working copies for the next chunk to reuse (`scratch`)."""
+    the gradient itself (or, on the fused path, the affine terms' drift). Returns the working
+    copies for the next chunk to reuse (`scratch`)."""
     sb = stack_batches(ctxs, plans, width)
     fused = isinstance(grad_fn, BatchedMLPGrad)
     if fused:
