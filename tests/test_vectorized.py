@@ -79,6 +79,26 @@ def test_fedprox_and_per_client_schedules_and_harmonic_lr():
     assert [r["local_steps"] for r in vec] == [1, 2, 3, 4, 0]
 
 
+def test_fedprox_pull_towards_the_start_takes_the_folded_path(monkeypatch):
+    """FedProx's batched clients pull towards their own start, which the kernel folds into its
+    scale for the first window (`Affine.anchor`) instead of a drift matmul. With 5 hidden units
+    every window is one step, so the steps after the first take it as an explicit drift."""
+    from rayfl.algorithms import local
+
+    seen = []
+    real = local.Affine.of.__func__
+
+    def spy(cls, grad_fn, wd, mu, centers, *rest):
+        seen.append(centers if isinstance(centers, str) else "tensor")
+        return real(cls, grad_fn, wd, mu, centers, *rest)
+
+    monkeypatch.setattr(local.Affine, "of", classmethod(spy))
+    (loop, _), (vec, _) = run_both(fedavg_client, {"params": initial(), "lr": 0.2, "prox_mu": 0.5,
+                                                   "schedule": LocalSchedule(4, 1, None)})
+    assert_records_match(loop, vec)
+    assert seen[0] == "start" and "tensor" in seen  # the fold, then the explicit drift
+
+
 def test_work_budget_truncates_like_the_loop():
     x0 = initial()
     budgets = {0: 10.0 * 3 * 8, 1: 10.0 * 3 * 20, 3: 0.0}  # flops_per_sample 10, backward 3: 8, 20, 0 samples
@@ -253,7 +273,7 @@ def test_batched_mlp_kernel_matches_float64_autograd_per_client():
     np.testing.assert_allclose(moved.numpy(), (w - step[:, None] * grad).numpy(), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("terms", ["sgd", "decay", "drift", "all"])
+@pytest.mark.parametrize("terms", ["sgd", "decay", "drift", "all", "prox"])
 @pytest.mark.parametrize("hidden", [[5, 4], None])
 def test_a_window_of_steps_equals_single_sgd_steps_in_float64(hidden, terms):
     """BatchedMLPGrad.window (S steps reading the first layer once, in a window padded with
@@ -261,10 +281,11 @@ def test_a_window_of_steps_equals_single_sgd_steps_in_float64(hidden, terms):
     with per-step step sizes, a short minibatch and a step one client skips; and against S
     calls of the one-step kernel. `terms`: plain SGD, or with the gradient's affine terms
     (`affine_terms`): weight decay, a FedProx pull towards a center other than the start,
-    SCAFFOLD's correction, each per client."""
+    SCAFFOLD's correction, each per client; "prox": FedProx's pull towards the start itself,
+    which the window folds into its scale (the single steps take it as an explicit drift)."""
     import torch.nn.functional as F
 
-    from rayfl.algorithms.local import BatchedMLPGrad, affine_terms
+    from rayfl.algorithms.local import Affine, BatchedMLPGrad
     from rayfl.models.params import functional_logits
 
     model = build_model(ModelConfig(name="mlp" if hidden else "linear", hidden=hidden or []), (F_IN,), C)
@@ -279,22 +300,23 @@ def test_a_window_of_steps_equals_single_sgd_steps_in_float64(hidden, terms):
     m[2, 1, 3:] = 0  # client 1's third minibatch is short
     m[3, 2] = 0  # client 2 takes three steps
     steps = torch.tensor([[0.5, 0.3, 0.2], [0.4, 0.3, 0.2], [0.3, 0.3, 0.2], [0.2, 0.3, 0.0]])
-    wd = torch.tensor([[0.3], [0.0], [0.1]]) if terms in ("decay", "all") else None
-    mu = torch.tensor([[0.5], [0.2], [0.0]]) if terms == "all" else None
-    centers = torch.randn(k, d, generator=g) if terms == "all" else None
-    corrections = 0.5 * torch.randn(k, d, generator=g) if terms in ("drift", "all") else None
-    decay, drift = affine_terms(wd, mu, centers, corrections)
+    wd = torch.tensor([[0.3], [0.0], [0.1]]) if terms in ("decay", "all", "prox") else None
+    mu = torch.tensor([[0.5], [0.2], [0.0]]) if terms in ("all", "prox") else None
+    centers = {"all": torch.randn(k, d, generator=g), "prox": w}.get(terms)
+    corrections = 0.5 * torch.randn(k, d, generator=g) if terms in ("drift", "all", "prox") else None
     moved = w.clone()
     layers = kernel.split(moved)
-    drift_layers = None if drift is None else kernel.split(drift)
+    affine = Affine.of(kernel, wd, mu, "start" if terms == "prox" else centers, corrections, w, None)
+    assert (affine is None) == (terms == "sgd") and (terms != "prox" or affine.anchor is not None)
     padded = torch.zeros(k, (s_n + 2) * b, F_IN)  # a window padded by two steps of zero rows
     padded[:, : s_n * b] = x.transpose(0, 1).reshape(k, s_n * b, F_IN)
-    losses = kernel.window(layers, padded, list(y), m, steps, decay, drift_layers)
+    losses = kernel.window(layers, padded, list(y), m, steps, affine)
     kernel.join(layers, moved)
     one_by_one = w.clone()
     single = kernel.split(one_by_one)
+    explicit = Affine.of(kernel, wd, mu, centers, corrections, w, None)  # the pull as a drift
     for t in range(s_n):
-        kernel.step(single, x[t], y[t], m[t], steps[t], decay, drift_layers)
+        kernel.step(single, x[t], y[t], m[t], steps[t], explicit)
     kernel.join(single, one_by_one)
     np.testing.assert_allclose(moved.numpy(), one_by_one.numpy(), rtol=1e-5, atol=1e-6)
     model64 = model.double()
@@ -332,13 +354,14 @@ def test_windows_are_sized_by_the_batch_size_alone():
                for b in range(1, 200) for o in (10, 200))
 
 
-@pytest.mark.parametrize("affine", [False, True])
+@pytest.mark.parametrize("terms", ["sgd", "drift", "anchor"])
 @pytest.mark.parametrize("s_n, b", [(6, 4), (8, 8)])
-def test_a_clients_bits_do_not_depend_on_its_place_in_the_batch(s_n, b, affine):
+def test_a_clients_bits_do_not_depend_on_its_place_in_the_batch(s_n, b, terms):
     """Odd shapes (a 6x5 first layer: 120-byte blocks) where MKL's batched matmuls would sum
     in another order for a client whose block starts off a 64-byte boundary; plain SGD, and
-    with weight decay and a drift (FedProx, SCAFFOLD)."""
-    from rayfl.algorithms.local import ALIGN_FLOATS, BatchedMLPGrad
+    with weight decay and a drift (SCAFFOLD, FedProx towards another center) or an anchor
+    (FedProx towards the start)."""
+    from rayfl.algorithms.local import ALIGN_FLOATS, Affine, BatchedMLPGrad
 
     kernel = BatchedMLPGrad([(F_IN, 5, True), (5, C, True)])
     d = F_IN * 5 + 5 + 5 * C + C
@@ -348,15 +371,17 @@ def test_a_clients_bits_do_not_depend_on_its_place_in_the_batch(s_n, b, affine):
     x[:, : s_n * b] = torch.randn(5, s_n * b, F_IN, generator=g)
     y, m, steps = torch.randint(0, C, (s_n, 5, b), generator=g), torch.ones(s_n, 5, b), torch.full((s_n, 5), 0.3)
 
-    decay = torch.linspace(0.1, 0.5, 5) if affine else None
-    drift = torch.randn(5, d, generator=g) if affine else None
+    decay = torch.linspace(0.1, 0.5, 5)
+    drift = torch.randn(5, d, generator=g)
 
     def moved(ids: list[int]) -> torch.Tensor:
-        out = w[ids].clone()
+        start = w[ids].clone()
+        out = start.clone()
         layers = kernel.split(out)
-        pull = None if drift is None else kernel.split(drift[ids].clone())
-        kernel.window(layers, x[ids].clone(), [t[ids] for t in y], m[:, ids], steps[:, ids],
-                      None if decay is None else decay[ids], pull)
+        affine = {"sgd": None,
+                  "drift": Affine(decay[ids], None, kernel.split(drift[ids].clone()), None),
+                  "anchor": Affine(decay[ids], 0.5 * decay[ids], None, kernel._layers(start))}[terms]
+        kernel.window(layers, x[ids].clone(), [t[ids] for t in y], m[:, ids], steps[:, ids], affine)
         kernel.join(layers, out)
         return out[ids.index(1)]
 

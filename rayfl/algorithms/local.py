@@ -144,6 +144,8 @@ def local_sgd_batched(
         return None
     plans = [planned_batches(c, s.batch_size, s.epochs, s.steps) for c, s in zip(ctxs, schedules, strict=True)]
     k = len(ctxs)
+    # FedProx pulls towards the start itself: the kernel folds that pull into its scale
+    to_start = prox_centers is starts
     starts = starts.detach()
     grad_fn = BatchedMLPGrad.of(model) or _masked_grad(model)
     width = max(s.batch_size for s in schedules)
@@ -156,9 +158,10 @@ def local_sgd_batched(
         # mapping each call and page-fault on every first write
         w = torch.empty((part.stop - part.start, starts.shape[1]), dtype=starts.dtype, device=starts.device)
         if any(plans[part]):
+            centers = "start" if to_start else None if prox_centers is None else prox_centers[part]
             scratch = _sgd_chunk(grad_fn, ctxs[part], plans[part], starts[part], w, loss_sum[part], lrs[part],
                                  schedules[part], width, _column(weight_decay, part, w.device),
-                                 _column(prox_mu, part, w.device), None if prox_centers is None else prox_centers[part],
+                                 _column(prox_mu, part, w.device), centers,
                                  None if corrections is None else corrections[part], scratch, minus_start)
         elif minus_start:
             w.zero_()
@@ -194,22 +197,31 @@ def chunk_slices(k: int, row_bytes: int) -> list[slice]:
 def _sgd_chunk(
     grad_fn: Any, ctxs: Sequence[ClientContext], plans: Sequence[list[torch.Tensor]], start: torch.Tensor,
     w: torch.Tensor, loss_sum: torch.Tensor, lrs: Sequence[float], schedules: Sequence[LocalSchedule], width: int,
-    wd: torch.Tensor | None, mu: torch.Tensor | None, centers: torch.Tensor | None, corrections: torch.Tensor | None,
-    scratch: Any = None, minus_start: bool = False,
+    wd: torch.Tensor | None, mu: torch.Tensor | None, centers: torch.Tensor | str | None,
+    corrections: torch.Tensor | None, scratch: Any = None, minus_start: bool = False,
 ) -> Any:
     """`local_sgd_batched`'s steps for one chunk of clients from `start`, writing the final
     vectors (with `minus_start`, final - start) into `w` and adding to `loss_sum` (views of
     the caller's rows), one parameter segment (layer) at a time: no [K, d] temporaries beyond
-    the gradient itself (or, on the fused path, the affine terms' drift). Returns the working
-    copies for the next chunk to reuse (`scratch`)."""
+    the gradient itself (or, on the fused path, the affine terms' drift). `centers` "start":
+    the proximal pull is towards `start`. Returns the working copies for the next chunk to
+    reuse (`scratch`)."""
     sb = stack_batches(ctxs, plans, width)
     fused = isinstance(grad_fn, BatchedMLPGrad)
     if fused:
         reuse, reuse_drift = scratch if scratch is not None else (None, None)
         layers = grad_fn.split(start, reuse)
-        decay, drift = affine_terms(wd, mu, centers, corrections)
-        drift_layers = None if drift is None else grad_fn.split(drift, reuse_drift)
+        affine = Affine.of(grad_fn, wd, mu, centers, corrections, start, reuse_drift)
+
+        def unanchored(a: Affine | None) -> Affine | None:
+            """After the first window the layers no longer start at `start`: a pull towards it
+            is an explicit drift from then on (FedProx's fold holds in the first window only)."""
+            if a is None or a.anchor is None:
+                return a
+            return Affine.of(grad_fn, wd, mu, start, corrections, start, reuse_drift)
     else:
+        if isinstance(centers, str):
+            centers = start
         w.copy_(start)
     steps = torch.tensor([[step_size(lr, t, s.lr_offset) for lr, s in zip(lrs, schedules, strict=True)]
                           for t in range(sb.steps)], dtype=w.dtype, device=w.device).view(sb.steps, -1) * sb.active
@@ -217,19 +229,20 @@ def _sgd_chunk(
         size, rows = window_shape(sb.width, grad_fn.shapes[0][1])
         if size == 1:  # windows would not pay (a linear model, wide minibatches): plain steps, unpadded
             for t in range(sb.steps):
-                loss = grad_fn.step(layers, sb.x_at(t), sb.y_at(t), sb.mask[t], steps[t], decay, drift_layers)
+                affine = unanchored(affine) if t else affine
+                loss = grad_fn.step(layers, sb.x_at(t), sb.y_at(t), sb.mask[t], steps[t], affine)
                 loss_sum += torch.where(sb.active[t] > 0, loss.double(), 0.0)
         else:
             for t0 in range(0, sb.steps, size):
+                affine = unanchored(affine) if t0 else affine
                 window = range(t0, min(t0 + size, sb.steps))
                 part = slice(window.start, window.stop)
                 ys = [sb.y_at(t) for t in window]
-                losses = grad_fn.window(layers, sb.x_steps(part, rows), ys, sb.mask[part], steps[part], decay,
-                                        drift_layers)
+                losses = grad_fn.window(layers, sb.x_steps(part, rows), ys, sb.mask[part], steps[part], affine)
                 for t, loss in zip(window, losses, strict=True):
                     loss_sum += torch.where(sb.active[t] > 0, loss.double(), 0.0)
         grad_fn.join(layers, w, start if minus_start else None)
-        return layers, drift_layers if drift_layers is not None else reuse_drift
+        return layers, affine.drift if affine is not None and affine.drift is not None else reuse_drift
     for t in range(sb.steps):
         step = steps[t]
         segments, loss = grad_fn(w, sb.x_at(t), sb.y_at(t), sb.mask[t])
@@ -250,23 +263,64 @@ def _sgd_chunk(
     return scratch
 
 
-def affine_terms(wd: torch.Tensor | None, mu: torch.Tensor | None, centers: torch.Tensor | None,
-                 corrections: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def affine_terms(
+    wd: torch.Tensor | None, mu: torch.Tensor | None, centers: torch.Tensor | str | None, corrections: torch.Tensor | None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """The part of the local gradient that is affine in the parameters w: weight decay wd * w,
     FedProx's mu * (w - center), SCAFFOLD's constant correction. With it an SGD step is
-        w <- (1 - step * decay) w - step * grad + step * drift,
-    decay = wd + mu [K] and drift = mu * center - correction [K, d], which the fused kernel
-    carries through a window of steps in closed form. Each is None where it is 0."""
+        w <- (1 - step * decay) w - step * grad + step * (anchor * w_start + drift),
+    returned as (decay = wd + mu [K], anchor [K], drift [K, d]): with `centers` "start" (FedProx's
+    pull towards the start itself) anchor = mu and drift = -correction, else anchor is None and
+    drift = mu * center - correction. The fused kernel carries them through a window of steps
+    in closed form. Each is None where it is 0."""
     decay = None
     for coef in (wd, mu):
         if coef is not None:
             decay = coef[:, 0] if decay is None else decay + coef[:, 0]
-    drift = None
-    if mu is not None:
+    anchor = drift = None
+    if mu is not None and isinstance(centers, str):
+        anchor = mu[:, 0]
+    elif mu is not None:
         drift = mu * centers
     if corrections is not None:
         drift = -corrections if drift is None else drift - corrections
-    return decay, drift
+    return decay, anchor, drift
+
+
+@dataclass
+class Affine:
+    """`affine_terms` in the kernel's layout: `drift` as `split`'s layers, `start` the start's
+    layers (views), which an `anchor` pulls towards."""
+
+    decay: torch.Tensor | None
+    anchor: torch.Tensor | None
+    drift: list[tuple[torch.Tensor, torch.Tensor | None]] | None
+    start: list[tuple[torch.Tensor, torch.Tensor | None]] | None
+
+    @classmethod
+    def of(cls, grad_fn: BatchedMLPGrad, wd: torch.Tensor | None, mu: torch.Tensor | None,
+           centers: torch.Tensor | str | None, corrections: torch.Tensor | None, start: torch.Tensor,
+           reuse: list[tuple[torch.Tensor, torch.Tensor | None]] | None) -> Affine | None:
+        """`affine_terms` of a chunk starting at `start` (the drift split into `reuse`), or None
+        for plain SGD."""
+        decay, anchor, drift = affine_terms(wd, mu, centers, corrections)
+        if decay is None and drift is None:
+            return None
+        return cls(decay, anchor, None if drift is None else grad_fn.split(drift, reuse),
+                   None if anchor is None else grad_fn._layers(start))
+
+    def move(self, i: int, part: int, p: torch.Tensor, moved: torch.Tensor, keep: torch.Tensor,
+             step: torch.Tensor) -> None:
+        """One step of layer i's weight (part 0) or bias (part 1) in place:
+        p <- keep * p - moved + step * (anchor * p_start + drift), `moved` scaled by the step."""
+        shape = (-1,) + (1,) * (p.dim() - 1)
+        if keep is not None:
+            p.mul_(keep.view(shape))
+        p.sub_(moved)
+        if self.drift is not None:
+            p.add_(self.drift[i][part] * step.view(shape))
+        if self.anchor is not None:
+            p.add_(self.start[i][part] * (self.anchor * step).view(shape))
 
 
 def _column(values: Sequence[float] | None, rows: slice, device: torch.device) -> torch.Tensor | None:
@@ -341,16 +395,14 @@ class BatchedMLPGrad:
                 _write(dst_b, b, sub_b)
 
     def step(self, layers: list[tuple[torch.Tensor, torch.Tensor | None]], x: torch.Tensor, y: torch.Tensor,
-             m: torch.Tensor, step: torch.Tensor, decay: torch.Tensor | None = None,
-             drift: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None) -> torch.Tensor:
-        """One SGD step w <- (1 - step * decay) w - step * (grad - drift) applied in place to
-        `split`'s layers, without materialising the gradient (`affine_terms`; plain SGD
-        without decay and drift). Returns the masked mean CE [K]."""
-        return self.window(layers, x, [y], m[None], step[None], decay, drift)[0]
+             m: torch.Tensor, step: torch.Tensor, affine: Affine | None = None) -> torch.Tensor:
+        """One SGD step applied in place to `split`'s layers, without materialising the
+        gradient (plain SGD, or with the gradient's affine terms). Returns the masked mean CE [K]."""
+        return self.window(layers, x, [y], m[None], step[None], affine)[0]
 
     def window(self, layers: list[tuple[torch.Tensor, torch.Tensor | None]], x: torch.Tensor,
-               ys: Sequence[torch.Tensor], ms: torch.Tensor, steps: torch.Tensor, decay: torch.Tensor | None = None,
-               drift: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None) -> list[torch.Tensor]:
+               ys: Sequence[torch.Tensor], ms: torch.Tensor, steps: torch.Tensor, affine: Affine | None = None,
+               ) -> list[torch.Tensor]:
         """S consecutive SGD steps (S = len(steps), `steps` [S, K] the step sizes, 0 where a
         client skips the step) in place on `split`'s layers, reading the first layer's weights
         twice for all S steps instead of three times per step: the host is bound by that
@@ -362,12 +414,13 @@ class BatchedMLPGrad:
         one batched matmul gives every step's X_s W_0^T, the Gram matrix X X^T (S*B rows) the
         corrections, and W_S = W_0 - D^T X is one matmul at the end.
 
-        With `decay` [K] and `drift` (`split`'s layers of [K, d], see `affine_terms`) a step is
-        W_{s+1} = a_s W_s - D_s^T X_s + step_s Q, a_s = 1 - step_s * decay, so
-            W_s = A_s W_0 - sum_{j<s} c_{s,j} D_j^T X_j + r_s Q,
+        With the gradient's affine terms (`affine_terms`: decay, drift Q, anchor mu) a step is
+        W_{s+1} = a_s W_s - D_s^T X_s + step_s (mu W_0 + Q), a_s = 1 - step_s * decay, so
+            W_s = (A_s + mu r_s) W_0 - sum_{j<s} c_{s,j} D_j^T X_j + r_s Q,
         A_s = prod_{i<s} a_i, c_{s,j} = prod_{j<i<s} a_i, r_s = sum_{j<s} c_{s,j} step_j: the
-        same matmuls, scaled, and one more for every step's X_s Q^T. Layers above the first
-        take the step directly.
+        same matmuls, scaled, and one more for every step's X_s Q^T where there is a drift
+        (FedProx's pull towards the start folds into the scale). Layers above the first take
+        the step directly.
 
         Same values as S single steps, up to float32 summation order. `x` [K, R, ...] holds
         each client's S minibatches one after another, then zero rows up to the window's padded
@@ -378,8 +431,10 @@ class BatchedMLPGrad:
         flat = x.reshape(k, x.shape[1], -1)
         base = torch.bmm(flat, w0.transpose(1, 2))  # every step's X_s W_0^T
         gram = torch.bmm(flat, flat.transpose(1, 2)) if n_steps > 1 else None
+        drift = None if affine is None else affine.drift
+        anchor = None if affine is None else affine.anchor
         pull = torch.bmm(flat, drift[0][0].transpose(1, 2)) if drift is not None and n_steps > 1 else None  # X_s Q^T
-        keeps = None if decay is None else 1.0 - steps * decay  # a_s [S, K]
+        keeps = None if affine is None or affine.decay is None else 1.0 - steps * affine.decay  # a_s [S, K]
         scale = torch.ones(k, dtype=base.dtype, device=base.device)  # A_s
         coef = torch.ones(k, 0, dtype=base.dtype, device=base.device)  # c_{s,j}, j < s
         reach = torch.zeros(k, dtype=base.dtype, device=base.device)  # r_s
@@ -391,7 +446,7 @@ class BatchedMLPGrad:
             if s:
                 z = aligned_batch(z, copy=True)
                 if keeps is not None:
-                    z.mul_(scale[:, None, None])
+                    z.mul_((scale if anchor is None else scale + anchor * reach)[:, None, None])
                     gram_s = aligned_batch(gram[:, rows, : s * width], copy=True)
                     gram_s.mul_(coef.repeat_interleave(width, dim=1)[:, None, :])
                 else:
@@ -402,10 +457,13 @@ class BatchedMLPGrad:
             if b0 is not None:
                 z = z + b0[:, None, :]
             keep = None if keeps is None else keeps[s]
-            _, loss, error = self._above_first(layers, z, ys[s], ms[s], steps[s], keep, drift)
+            _, loss, error = self._above_first(layers, z, ys[s], ms[s], steps[s], keep, affine)
             moves[:, rows] = error
             if b0 is not None:
-                _affine_move(b0, error.sum(dim=1), keep, None if drift is None else drift[0][1], steps[s])
+                if affine is None:
+                    b0.sub_(error.sum(dim=1))
+                else:
+                    affine.move(0, 1, b0, error.sum(dim=1), keep, steps[s])
             losses.append(loss)
             if keep is not None:  # A, c and r of step s + 1
                 scale = scale * keep
@@ -414,7 +472,7 @@ class BatchedMLPGrad:
             else:
                 reach = reach + steps[s]
         if keeps is not None:
-            w0.mul_(scale[:, None, None])
+            w0.mul_((scale if anchor is None else scale + anchor * reach)[:, None, None])
             scaled = aligned_batch(moves, copy=True)
             scaled[:, : n_steps * width].mul_(coef.repeat_interleave(width, dim=1)[:, :, None])
             moves = scaled
@@ -439,13 +497,12 @@ class BatchedMLPGrad:
 
     def _above_first(
         self, layers: list[tuple[torch.Tensor, torch.Tensor | None]], z0: torch.Tensor, y: torch.Tensor,
-        m: torch.Tensor, step: torch.Tensor | None, keep: torch.Tensor | None = None,
-        drift: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None,
+        m: torch.Tensor, step: torch.Tensor | None, keep: torch.Tensor | None = None, affine: Affine | None = None,
     ) -> tuple[list[tuple[int, torch.Tensor]], torch.Tensor, torch.Tensor]:
         """From the first layer's pre-activation `z0`: the forward pass, the masked mean CE [K]
         and the backward pass down to the first layer, which the caller moves. Layers above it
-        move in place (with `step`: w <- keep * w - step * grad + step * drift, `window`) or
-        give their gradient segments (without).
+        move in place (with `step`; `affine`'s terms with `keep`, see `window`) or give their
+        gradient segments (without).
         Returns (segments, loss, error at the first layer's output, scaled by `step` if given)."""
         inputs, pre, h = [], [z0], z0
         for weight, bias in layers[1:]:
@@ -469,13 +526,14 @@ class BatchedMLPGrad:
             (weight, bias), offset, h_in = layers[i], self.offsets[i], inputs[i - 1]
             back = torch.bmm(dz, weight) * (pre[i - 1] > 0)  # before the weight moves
             if step is not None:
-                pull_w, pull_b = (None, None) if drift is None else drift[i]
-                if keep is None and pull_w is None:
+                if affine is None:
                     weight.baddbmm_(dz.transpose(1, 2), h_in, alpha=-1.0)
                 else:
-                    _affine_move(weight, torch.bmm(dz.transpose(1, 2), h_in), keep, pull_w, step)
-                if bias is not None:
-                    _affine_move(bias, dz.sum(dim=1), keep, pull_b, step)
+                    affine.move(i, 0, weight, torch.bmm(dz.transpose(1, 2), h_in), keep, step)
+                if bias is not None and affine is None:
+                    bias.sub_(dz.sum(dim=1))
+                elif bias is not None:
+                    affine.move(i, 1, bias, dz.sum(dim=1), keep, step)
             else:
                 grads.append((offset, torch.bmm(dz.transpose(1, 2), h_in).reshape(dz.shape[0], -1)))
                 if bias is not None:
@@ -516,18 +574,6 @@ def aligned_batch(t: torch.Tensor, copy: bool = False) -> torch.Tensor:
     if copy:
         out.copy_(t)
     return out
-
-
-def _affine_move(p: torch.Tensor, moved: torch.Tensor, keep: torch.Tensor | None, drift: torch.Tensor | None,
-                 step: torch.Tensor) -> None:
-    """p <- keep * p - moved + step * drift in place (`moved` already scaled by the step;
-    `keep` [K] and `drift` like p, each skipped where None)."""
-    shape = (-1,) + (1,) * (p.dim() - 1)
-    if keep is not None:
-        p.mul_(keep.view(shape))
-    p.sub_(moved)
-    if drift is not None:
-        p.add_(drift * step.view(shape))
 
 
 def _write(dst: torch.Tensor, src: torch.Tensor, minus: torch.Tensor | None) -> None:
