@@ -309,7 +309,7 @@ class Affine:
         return cls(decay, anchor, None if drift is None else grad_fn.split(drift, reuse),
                    None if anchor is None else grad_fn._layers(start))
 
-    def move(self, i: int, part: int, p: torch.Tensor, moved: torch.Tensor, keep: torch.Tensor,
+    def move(self, i: int, part: int, p: torch.Tensor, moved: torch.Tensor, keep: torch.Tensor | None,
              step: torch.Tensor) -> None:
         """One step of layer i's weight (part 0) or bias (part 1) in place:
         p <- keep * p - moved + step * (anchor * p_start + drift), `moved` scaled by the step."""
