@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -158,10 +160,14 @@ def test_ray_job_submit_to_a_local_head(tmp_path):
     env["RAY_AUTH_MODE"] = "token"
     env["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
     gcs, dash, client, agent = (free_port() for _ in range(4))
+    # a temp dir of the head's own: Ray's job supervisor gives the job's driver the address it
+    # reads from <temp dir>/ray_current_cluster, which in the shared /tmp/ray names whichever Ray
+    # on this machine started last (another test's, running beside this one)
+    ray_temp = tempfile.mkdtemp(prefix="rayfl-head-")
     head_log = (tmp_path / "head.log").open("w")
     head = subprocess.Popen(
         [str(BIN / "ray"), "start", "--head", "--block", f"--port={gcs}", f"--dashboard-port={dash}",
-         f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}",
+         f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}", f"--temp-dir={ray_temp}",
          "--dashboard-host=127.0.0.1", "--num-cpus=2", "--include-dashboard=true", "--disable-usage-stats"],
         env=env, cwd=tmp_path, start_new_session=True, stdout=head_log, stderr=subprocess.STDOUT,
     )
@@ -196,6 +202,7 @@ def test_ray_job_submit_to_a_local_head(tmp_path):
         kill_tree(head.pid)
         head.wait(timeout=30)
         head_log.close()
+        shutil.rmtree(ray_temp, ignore_errors=True)
     res = load(out_dir)
     assert len(res.rounds) == 3 and res.manifests["status"].tolist() == ["completed"]
     assert pd.read_parquet(next(out_dir.glob("submitted/*/rounds"))).shape[0] == 3
