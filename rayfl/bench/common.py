@@ -56,6 +56,16 @@ class PeakMemory:
         self.peak = max(self.peak, self._sample())
 
 
+def load_average() -> list[float] | None:
+    """The machine's 1 / 5 / 15-minute load, recorded beside timings (None where unknown)."""
+    import os
+
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def round_seconds(run_dir: str | Path) -> np.ndarray:
     """Wall seconds of every round of a run (round 0 includes the hosts' warm-up)."""
     from rayfl.results import load

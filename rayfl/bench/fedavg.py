@@ -2,8 +2,9 @@
 
 The workload of issue 13: 1,000 clients x 60 training samples, 100 sampled per round, one local
 epoch of batch 10 at lr 0.05, an MLP 784-200-10 (`fedavg-mlp`; `fedprox-mlp` with FedProx's
-proximal term, mu 0.01) or the linear softmax model (`fedavg-linear`). The data are synthetic (Synthetic-IID, 784 features, 10 classes: shaped like
-MNIST, generated offline from the seed), so the benchmark needs no download.
+proximal term, mu 0.01) or the linear softmax model (`fedavg-linear`). The data are synthetic
+(Synthetic-IID, 784 features, 10 classes: shaped like MNIST, generated offline from the seed),
+so the benchmark needs no download.
 
 One invocation runs the reference loop (`rayfl.bench.reference`) and rayfl under each requested
 (engine.vectorize, engine.num_hosts), checks that every rayfl run samples the loop's clients and
@@ -23,8 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from rayfl.bench.common import PeakMemory, round_seconds, steady, write_result
+from rayfl.bench.common import PeakMemory, load_average, round_seconds, steady, write_result
 from rayfl.bench.reference import run_reference_loop
+from rayfl.engine.resources import available_cpus
 
 WORKLOADS = {
     "fedavg-mlp": ["model.name=mlp", "model.hidden=[200]"],
@@ -102,9 +104,9 @@ def run_fedavg_bench(
         "clients_per_round": per_round, "local_epochs": 1, "batch_size": 10, "lr": 0.05, "rounds": rounds,
         "timed_rounds": f"1..{rounds - 2} (median; round 0 is warm-up, round {rounds - 1} evaluates)",
         "data_seconds": round(data_seconds, 3),
-        "machine": {"cpus": _cpus(), "platform": platform.platform(), "torch": torch.__version__,
+        "machine": {"cpus": available_cpus(), "platform": platform.platform(), "torch": torch.__version__,
                     "loop_torch_threads": loop_threads or torch.get_num_threads(),
-                    "host_torch_threads": cfg.engine.torch_threads, "load_average": _load()},
+                    "host_torch_threads": cfg.engine.torch_threads, "load_average": load_average()},
         "tolerance": TOLERANCE,
         "loop": {k: rows[0][k] for k in ("seconds_per_round", "client_updates_per_second", "peak_rss_mb")},
         "runs": {variant_name(r["vectorize"], r["preaggregate"], r["num_hosts"]): {
@@ -156,18 +158,3 @@ def _rayfl_row(workload: str, cfg: Any, dataset: Any, loop: Any, loop_s: float, 
             "loop_seconds_per_round": loop_s, "ratio_to_loop": s / loop_s, "max_abs_diff": float(np.max(np.abs(final - loop.final))),
             "same_clients": sampled == loop.sampled, "round_seconds": [round(float(v), 4) for v in seconds],
             "run_dir": str(outcome.run_dir)}
-
-
-def _cpus() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 0)
-
-
-def _load() -> list[float] | None:
-    import os
-
-    try:
-        return [round(v, 2) for v in os.getloadavg()]
-    except OSError:
-        return None

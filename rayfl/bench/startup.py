@@ -31,7 +31,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rayfl.bench.common import write_result
+from rayfl.bench.common import load_average, write_result
+from rayfl.engine.resources import available_cpus
 
 # What each mark ends (the phase runs from the previous mark, or from the launch).
 PHASES = {
@@ -87,7 +88,7 @@ def measure_once(workload: str, rounds: int, out_dir: Path, extra: list[str],
     with tempfile.TemporaryDirectory() as tmp:
         timing = Path(tmp) / "timing.json"
         env = {**os.environ, **(env or {}), "RAYFL_TIMING": str(timing)}
-        load_before = _load()
+        load_before = load_average()
         cpu_before = _children_cpu()
         launch = time.time()
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -119,7 +120,7 @@ def measure_once(workload: str, rounds: int, out_dir: Path, extra: list[str],
         "cpu_seconds": round(cpu, 3),
         "phases": phase_seconds(launch, end, marks),
         "load_average_before": load_before,
-        "load_average_after": _load(),
+        "load_average_after": load_average(),
         "run_dir": written["run_dir"],
     }
 
@@ -144,7 +145,7 @@ def run_startup_bench(workload: str, rounds: int, repeat: int, out: Path, extra:
         "rounds": rounds,
         "mode": "warm: joins a running head, leases pooled hosts" if warm else "cold: the run starts its own Ray",
         "command": " ".join(workload_command(workload, rounds, out.parent / "results", "<run_id>", extra)),
-        "cpus": _cpus(),
+        "cpus": available_cpus(),
         "definitions": {
             "total_seconds": "process launch to exit, measured by the parent",
             "rounds_seconds": "hosts ready to the last round's row (final evaluation included)",
@@ -178,7 +179,7 @@ def warm_head(hosts: int, timeout: float = 120.0) -> Iterator[str]:
     with open(log, "wb") as sink:
         head = subprocess.Popen(
             [str(ray_cli), "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
-             f"--temp-dir={temp}", f"--num-cpus={_cpus()}", "--include-dashboard=false", "--disable-usage-stats"],
+             f"--temp-dir={temp}", f"--num-cpus={available_cpus()}", "--include-dashboard=false", "--disable-usage-stats"],
             env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
         )
     try:
@@ -215,19 +216,8 @@ def warm_head(hosts: int, timeout: float = 120.0) -> Iterator[str]:
         shutil.rmtree(temp, ignore_errors=True)  # the head's session logs
 
 
-def _cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def _children_cpu() -> float:
     import resource
 
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
-
-
-def _load() -> list[float] | None:
-    try:
-        return [round(v, 2) for v in os.getloadavg()]
-    except OSError:
-        return None

@@ -334,23 +334,27 @@ def await_hosts(info_refs: Sequence[Any], req: HostRequest, timeout: float) -> l
     return ray.get(refs)
 
 
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity, where the platform tells it)."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def check_local_cluster(cfg: EngineConfig, num_clients: int) -> None:
     """`check_cluster` for the local Ray a run is about to start, before it starts: a mistake
     is then said in a second, not after Ray's start (5 s and more here). That Ray's one node
     will have Ray's own count of this machine's CPUs (cgroup limits included) and the GPUs
     torch sees. A GPU request that torch cannot see is left to the check after the start:
     Ray may count GPUs this torch build cannot use."""
-    import os
-
     import torch
 
     from rayfl.engine.placement import plan_placement
 
     try:
         from ray._private.utils import get_num_cpus  # what `ray.init` itself counts
-    except ImportError:  # a Ray that moved it: the CPUs this process may run on
-        def get_num_cpus() -> int:
-            return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    except ImportError:  # a Ray that moved it
+        get_num_cpus = available_cpus
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if cfg.num_gpus_per_host > 0 and gpus == 0:
         return
