@@ -167,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
         fa.add_argument("--preaggregate", type=_on_off_list, default=["off", "on"],
                         help="engine.preaggregate values: off,on (host pre-aggregation)")
         fa.add_argument("--loop-threads", type=int, default=1, help="torch threads of the reference loop (0: torch's default)")
+        fa.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: the loop on the GPU, and each variant's hosts sharing one GPU "
+                        "(engine.num_gpus_per_host = 1 / hosts)")
         fa.add_argument("--out", default=f"bench/{workload}.json")
     return p
 
@@ -411,7 +414,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from rayfl.bench.fedavg import run_fedavg_bench
 
         result = run_fedavg_bench(args.bench, args.rounds, Path(args.out), args.hosts, args.vectorize, args.loop_threads or None,
-                                  args.preaggregate)
+                                  args.preaggregate, args.device)
     else:
         from rayfl.bench.asynchronous import run_async_bench
 

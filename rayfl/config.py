@@ -310,6 +310,7 @@ class EngineConfig:
     num_cpus_per_host: float = 1.0
     num_gpus_per_host: float = 0.0
     torch_threads: int = 1
+    # auto: the GPU where Ray gave the host a share (num_gpus_per_host > 0), else the CPU
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # A host that dies (killed, out of memory, node lost) or hangs past `task_timeout` wall
     # seconds is replaced: its clients' state restored from the last checkpoint plus the tasks

@@ -12,7 +12,7 @@ from rayfl.engine.host import ClientHostImpl
 
 
 def sized_host(sizes: Mapping[int, int], features: int, classes: int, model: ModelConfig, seed: int,
-               flops_per_sample: float, vectorize: str) -> ClientHostImpl:
+               flops_per_sample: float, vectorize: str, device: str = "auto") -> ClientHostImpl:
     """A host of clients with `sizes[c]` rows each (0 allowed), Gaussian features and uniform
     labels from one fixed stream, so two hosts built alike hold the same data."""
     rng = np.random.default_rng(0)
@@ -22,4 +22,4 @@ def sized_host(sizes: Mapping[int, int], features: int, classes: int, model: Mod
     bounds = np.cumsum([0, *sizes.values()])
     clients = {c: np.arange(bounds[i], bounds[i + 1]) for i, c in enumerate(sizes)}
     return ClientHostImpl(0, arrays, clients, None, model, (features,), classes, seed,
-                          flops_per_sample=flops_per_sample, vectorize=vectorize)
+                          flops_per_sample=flops_per_sample, vectorize=vectorize, device=device)

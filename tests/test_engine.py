@@ -187,3 +187,22 @@ def test_host_runs_clients_in_id_order_and_keeps_state():
     assert again[0]["values"]["noise"] == recs[0]["values"]["noise"]  # same (seed, purpose, round, client)
     with pytest.raises(KeyError):
         host.run(count_and_remember, [1], 0, {"scale": 1.0})
+
+
+def test_auto_device_takes_the_gpu_only_with_a_ray_gpu_share(ray_local, monkeypatch):
+    """On a GPU node Ray leaves CUDA visible to actors that reserved no GPU; an "auto" host
+    there must stay on the CPU (tests/test_gpu.py checks the GPU side on a real card)."""
+    from rayfl.engine import host
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert host._ray_gpu_share() is None  # the driver is no Ray worker
+    assert host.resolve_device("auto").type == "cuda"  # an in-process host uses what torch sees
+
+    @ray_local.remote(num_cpus=0)
+    def in_a_worker():
+        from rayfl.engine import host
+
+        torch.cuda.is_available = lambda: True  # a GPU node, as the worker's torch would see it
+        return host._ray_gpu_share(), str(host.resolve_device("auto"))
+
+    assert ray_local.get(in_a_worker.remote()) == (False, "cpu")

@@ -29,8 +29,8 @@ SIZES = {0: 7, 1: 12, 2: 3, 3: 10, 4: 0}  # unequal, a short last batch, one emp
 TOL = dict(rtol=1e-5, atol=2e-6)
 
 
-def make_host(vectorize: str, model: str = "mlp", seed: int = 3, hidden: int = 5) -> ClientHostImpl:
-    return sized_host(SIZES, F_IN, C, ModelConfig(name=model, hidden=[hidden]), seed, 10.0, vectorize)
+def make_host(vectorize: str, model: str = "mlp", seed: int = 3, hidden: int = 5, device: str = "auto") -> ClientHostImpl:
+    return sized_host(SIZES, F_IN, C, ModelConfig(name=model, hidden=[hidden]), seed, 10.0, vectorize, device)
 
 
 def initial(model: str = "mlp", hidden: int = 5) -> np.ndarray:
@@ -122,7 +122,7 @@ def test_scaffold_batched_keeps_control_variates_like_the_loop(hidden):
         a, b = host_l.states[c].get("control"), host_v.states[c].get("control")
         assert (a is None) == (b is None)
         if a is not None:
-            np.testing.assert_allclose(b.numpy(), a.numpy(), **TOL)
+            np.testing.assert_allclose(b.cpu().numpy(), a.cpu().numpy(), **TOL)
 
 
 def test_batched_twin_runs_only_where_the_mode_allows():
@@ -138,7 +138,7 @@ def test_model_with_batch_statistics_falls_back_to_the_loop():
     arrays = {"train_x": rng.normal(size=(16, 1, 8, 8)).astype(np.float32), "train_y": rng.integers(0, 2, 16)}
     host = ClientHostImpl(0, arrays, {0: np.arange(8), 1: np.arange(8, 16)}, None,
                           ModelConfig(name="conv4", conv_channels=2), (1, 8, 8), 2, 0, vectorize="on")
-    x0 = get_flat(host.model).numpy()
+    x0 = get_flat(host.model).cpu().numpy()
     calls = []
     twin = batched_version(fedavg_client)
 
@@ -192,6 +192,50 @@ def test_one_host_and_two_hosts_give_bitwise_identical_records(hidden, objective
         np.testing.assert_allclose(a["values"]["delta"], c["values"]["delta"], **TOL)
         assert a["values"]["loss"] == b["values"]["loss"] or np.isnan(a["values"]["loss"])
     np.testing.assert_array_equal(broadcast["params"], initial(hidden=hidden))  # the shared broadcast is never written
+
+
+@pytest.mark.parametrize("objective", ["sgd", "prox", "scaffold"])
+@pytest.mark.parametrize("hidden", [5, 40])
+def test_the_gpus_fixed_chunks_change_no_bit(monkeypatch, hidden, objective):
+    """On a GPU every chunk holds the same client count, idle clients filling the last, and
+    steps are padded to whole windows (`fixed_chunk`, tests/test_gpu.py on a real card). The
+    same layout forced on the CPU, whose kernels give a row the same bits in any batch, must
+    change nothing: idle clients never move or touch a real one, and their rows are dropped."""
+    from rayfl.algorithms import local
+
+    x0 = initial(hidden=hidden)
+    fn = scaffold_client if objective == "scaffold" else fedavg_client
+    broadcast = {"params": x0, "lr": 0.3, "schedule": LocalSchedule(4, 2, None)}
+    if objective == "prox":
+        broadcast.update(prox_mu=0.5, weight_decay=0.01)
+    if objective == "scaffold":
+        broadcast["control"] = (0.05 * np.random.default_rng(1).normal(size=x0.shape)).astype(np.float32)
+
+    def rounds() -> tuple[list[dict], ClientHostImpl]:
+        host = make_host("on", hidden=hidden, device="cpu")  # on a GPU other chunk sizes give other bits
+        return [host.run(fn, list(SIZES), r, broadcast) for r in range(2)], host
+
+    cpu, cpu_host = rounds()
+    monkeypatch.setattr(local, "fixed_chunk", lambda row_bytes, device: 3)  # 5 clients: chunks of 3, one idle
+    gpu, gpu_host = rounds()
+    for a, b in zip(sum(cpu, []), sum(gpu, []), strict=True):
+        assert (a["client"], a["local_steps"]) == (b["client"], b["local_steps"])
+        for key, v in a["values"].items():
+            np.testing.assert_array_equal(b["values"][key], v, err_msg=f"{key} of client {a['client']}")
+    for c in SIZES:
+        a, b = cpu_host.states[c].get("control"), gpu_host.states[c].get("control")
+        assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
+    assert np.abs(sum(cpu, [])[1]["values"]["delta"]).max() > 1e-3
+
+
+def test_gpu_chunks_are_fixed_and_cover_every_client():
+    from rayfl.algorithms.local import GPU_CHUNK_BYTES, chunk_slices, fixed_chunk
+
+    mlp_row = 159_010 * 4
+    assert fixed_chunk(mlp_row, torch.device("cpu")) == 0
+    assert fixed_chunk(mlp_row, torch.device("cuda")) == GPU_CHUNK_BYTES // mlp_row == 105
+    assert fixed_chunk(GPU_CHUNK_BYTES * 3, torch.device("cuda")) == 1
+    assert chunk_slices(210, mlp_row, 105) == [slice(0, 105), slice(105, 210)]
 
 
 # ---------------------------------------------------------------- end to end, on Ray

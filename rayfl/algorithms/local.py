@@ -147,12 +147,23 @@ def local_sgd_batched(
     # FedProx pulls towards the start itself: the kernel folds that pull into its scale
     to_start = prox_centers is starts
     starts = starts.detach()
+    row_bytes = starts.shape[1] * starts.element_size()
+    fixed = fixed_chunk(row_bytes, starts.device)
+    if fixed and k % fixed:  # on a GPU every chunk has the same K: idle clients fill the last
+        pad = fixed - k % fixed
+        ctxs, plans, lrs, schedules = ([*v, *[v[0]] * pad] for v in (ctxs, plans, lrs, schedules))
+        plans[k:] = [[] for _ in range(pad)]  # no minibatches: an idle client never moves
+        weight_decay, prox_mu = (None if v is None else [*v, *[0.0] * pad] for v in (weight_decay, prox_mu))
+        starts = _pad_rows(starts, pad)
+        prox_centers = starts if to_start else None if prox_centers is None else _pad_rows(prox_centers, pad)
+        corrections = None if corrections is None else _pad_rows(corrections, pad)
     grad_fn = BatchedMLPGrad.of(model) or _masked_grad(model)
     width = max(s.batch_size for s in schedules)
-    loss_sum = torch.zeros(k, dtype=torch.float64, device=starts.device)
+    loss_sum = torch.zeros(len(ctxs), dtype=torch.float64, device=starts.device)
     rows: list[torch.Tensor] = []
     scratch = None  # one chunk's per-layer working copies, reused by the next chunk
-    for part in chunk_slices(k, starts.shape[1] * starts.element_size()):
+    parts = chunk_slices(len(ctxs), row_bytes, fixed)
+    for part in parts:
         # one output buffer per chunk, not one [K, d]: a chunk's few MB come back from the
         # allocator's free lists round after round, where K rows (tens of MB) would be a fresh
         # mapping each call and page-fault on every first write
@@ -162,7 +173,8 @@ def local_sgd_batched(
             scratch = _sgd_chunk(grad_fn, ctxs[part], plans[part], starts[part], w, loss_sum[part], lrs[part],
                                  schedules[part], width, _column(weight_decay, part, w.device),
                                  _column(prox_mu, part, w.device), centers,
-                                 None if corrections is None else corrections[part], scratch, minus_start)
+                                 None if corrections is None else corrections[part], scratch, minus_start,
+                                 whole_windows=fixed > 0)
         elif minus_start:
             w.zero_()
         else:
@@ -170,7 +182,7 @@ def local_sgd_batched(
         rows.extend(w.unbind(0))
     counts = [len(p) for p in plans]
     losses = [float(loss_sum[j]) / counts[j] if counts[j] else float("nan") for j in range(k)]
-    return rows, losses
+    return rows[:k], losses
 
 
 # Parameter bytes per batched step. A client's MLP 784-200-10 is 0.6 MB of parameters; 12 of
@@ -180,11 +192,36 @@ def local_sgd_batched(
 # 152 us (2-core EPYC, 32 MB L3). A linear model's chunk holds hundreds of clients. Each
 # client's numbers do not depend on which clients share its chunk.
 CHUNK_BYTES = 8 << 20
+# On a GPU a chunk is as wide as memory allows (a step's kernels cost the same launches at 13
+# clients as at 100: one host's round of 100 MLPs took 50 ms in 8 MB chunks, 26 ms in one, on
+# an H200), and every chunk has the same client count: cuBLAS picks its kernel by the batch
+# count, so a client's row came out 1e-4 different with 2 clients beside it than alone, and
+# host counts that group the clients differently gave different bits. The last chunk is
+# filled with idle clients, whose steps are zero.
+GPU_CHUNK_BYTES = 64 << 20
 
 
-def chunk_slices(k: int, row_bytes: int) -> list[slice]:
+def fixed_chunk(row_bytes: int, device: torch.device) -> int:
+    """The client count of every chunk on a GPU (0 on the CPU: chunks are sized to the cache
+    and need not be equal, as CPU kernels give a row the same bits in any batch)."""
+    if device.type == "cpu":
+        return 0
+    return max(1, GPU_CHUNK_BYTES // max(1, row_bytes))
+
+
+def _pad_rows(t: torch.Tensor, pad: int) -> torch.Tensor:
+    """`t` [K, d] with `pad` more rows repeating row 0 (a broadcast stays a stride-0 view)."""
+    if t.shape[0] and t.stride(0) == 0:
+        return t[:1].expand(t.shape[0] + pad, -1)
+    return torch.cat([t, t[:1].expand(pad, -1)])
+
+
+def chunk_slices(k: int, row_bytes: int, fixed: int = 0) -> list[slice]:
     """K clients in near-equal chunks of at most CHUNK_BYTES of parameters each (50 MLPs: 13,
-    13, 12, 12, not 16, 16, 16, 2: a chunk of two costs a step's fixed overhead for little)."""
+    13, 12, 12, not 16, 16, 16, 2: a chunk of two costs a step's fixed overhead for little);
+    with `fixed` (a GPU: K is then a multiple of it), chunks of exactly `fixed` clients."""
+    if fixed:
+        return [slice(a, a + fixed) for a in range(0, k, fixed)]
     most = max(1, CHUNK_BYTES // max(1, row_bytes))
     n = -(-k // most)
     if n == 0:
@@ -198,16 +235,19 @@ def _sgd_chunk(
     grad_fn: Any, ctxs: Sequence[ClientContext], plans: Sequence[list[torch.Tensor]], start: torch.Tensor,
     w: torch.Tensor, loss_sum: torch.Tensor, lrs: Sequence[float], schedules: Sequence[LocalSchedule], width: int,
     wd: torch.Tensor | None, mu: torch.Tensor | None, centers: torch.Tensor | str | None,
-    corrections: torch.Tensor | None, scratch: Any = None, minus_start: bool = False,
+    corrections: torch.Tensor | None, scratch: Any = None, minus_start: bool = False, whole_windows: bool = False,
 ) -> Any:
     """`local_sgd_batched`'s steps for one chunk of clients from `start`, writing the final
     vectors (with `minus_start`, final - start) into `w` and adding to `loss_sum` (views of
     the caller's rows), one parameter segment (layer) at a time: no [K, d] temporaries beyond
     the gradient itself (or, on the fused path, the affine terms' drift). `centers` "start":
-    the proximal pull is towards `start`. Returns the working copies for the next chunk to
-    reuse (`scratch`)."""
+    the proximal pull is towards `start`. `whole_windows` (a GPU) pads the chunk's steps with
+    idle ones to whole windows, so that every window has the same shape whichever clients
+    share the chunk. Returns the working copies for the next chunk to reuse (`scratch`)."""
     sb = stack_batches(ctxs, plans, width)
     fused = isinstance(grad_fn, BatchedMLPGrad)
+    if fused and whole_windows:
+        sb = sb.padded_steps(window_shape(sb.width, grad_fn.shapes[0][1])[0])
     if fused:
         reuse, reuse_drift = scratch if scratch is not None else (None, None)
         layers = grad_fn.split(start, reuse)

@@ -11,7 +11,11 @@ One invocation runs the reference loop (`rayfl.bench.reference`) and rayfl under
 reaches the loop's model to tolerance (max abs difference of the flat parameters, reported), and
 writes a JSON summary and a Parquet row per run: seconds per round (median over rounds 1..R-2:
 round 0 holds the hosts' warm-up and the last round rayfl's final evaluation), client updates
-per second, peak memory, and the ratio rayfl / loop of seconds per round."""
+per second, peak memory, and the ratio rayfl / loop of seconds per round.
+
+`device="cuda"` runs the loop on the GPU and every rayfl variant's hosts on one shared GPU
+(engine.device=cuda, engine.num_gpus_per_host = 1 / hosts), recording which device each host
+saw."""
 
 from __future__ import annotations
 
@@ -56,7 +60,7 @@ def workload_config(workload: str, rounds: int, *extra: str) -> Any:
 
 def run_fedavg_bench(
     workload: str, rounds: int, out: Path, hosts: list[int] | None = None, vectorize: list[str] | None = None,
-    loop_threads: int | None = 1, preaggregate: list[str] | None = None,
+    loop_threads: int | None = 1, preaggregate: list[str] | None = None, device: str = "cpu",
 ) -> dict[str, Any]:
     """Time the loop and every (vectorize, hosts) variant of rayfl; see the module doc."""
     from rayfl.data import build_federated_dataset
@@ -72,10 +76,10 @@ def run_fedavg_bench(
     started = _start_ray(cfg)  # once, before any timing: every variant then finds it running
     try:
         with PeakMemory() as mem:
-            loop = run_reference_loop(cfg, dataset, rounds, loop_threads)
+            loop = run_reference_loop(cfg, dataset, rounds, loop_threads, device)
         loop_s = float(np.median(steady(loop.round_seconds, 1, 1)))
         per_round = cfg.algorithm.clients_per_round
-        rows = [{"workload": workload, "runner": "loop", "vectorize": None, "preaggregate": None, "num_hosts": None,
+        rows = [{"workload": workload, "runner": "loop", "device": device, "vectorize": None, "preaggregate": None, "num_hosts": None,
                  "seconds_per_round": loop_s, "client_updates_per_second": per_round / loop_s,
                  "peak_rss_mb": mem.peak_mb, "ratio_to_loop": 1.0, "max_abs_diff": 0.0, "same_clients": True,
                  "round_seconds": [round(s, 4) for s in loop.round_seconds]}]
@@ -83,13 +87,14 @@ def run_fedavg_bench(
         for vec, pre, h in itertools.product(vectorize, preaggregate, hosts):
             # the loop again right before each variant: a ratio of two back-to-back timings
             # survives a machine whose load changes over minutes
-            again = run_reference_loop(cfg, dataset, rounds, loop_threads)
+            again = run_reference_loop(cfg, dataset, rounds, loop_threads, device)
             name = variant_name(vec, pre, h)
             run_cfg = workload_config(workload, rounds, f"engine.vectorize={vec}", f"engine.num_hosts={h}",
                                       f"engine.preaggregate={pre}", f"output.dir={results_dir}",
-                                      f"run.experiment=bench_{workload}", f"run.run_id={name}-{stamp}")
+                                      f"run.experiment=bench_{workload}", f"run.run_id={name}-{stamp}",
+                                      *device_overrides(device, h))
             rows.append(_rayfl_row(workload, run_cfg, dataset, loop, float(np.median(steady(again.round_seconds, 1, 1))),
-                                   vec, pre, h))
+                                   vec, pre, h, device))
     finally:
         if started:
             from rayfl.engine.local_ray import stop_ray
@@ -106,7 +111,9 @@ def run_fedavg_bench(
         "data_seconds": round(data_seconds, 3),
         "machine": {"cpus": available_cpus(), "platform": platform.platform(), "torch": torch.__version__,
                     "loop_torch_threads": loop_threads or torch.get_num_threads(),
-                    "host_torch_threads": cfg.engine.torch_threads, "load_average": load_average()},
+                    "host_torch_threads": cfg.engine.torch_threads, "load_average": load_average(),
+                    "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None},
+        "device": device,
         "tolerance": TOLERANCE,
         "loop": {k: rows[0][k] for k in ("seconds_per_round", "client_updates_per_second", "peak_rss_mb")},
         "runs": {variant_name(r["vectorize"], r["preaggregate"], r["num_hosts"]): {
@@ -117,6 +124,15 @@ def run_fedavg_bench(
     }
     write_result(out, summary, rows)
     return summary
+
+
+def device_overrides(device: str, hosts: int) -> list[str]:
+    """The engine settings that put `hosts` hosts on one shared GPU (none for the CPU)."""
+    if device == "cpu":
+        return []
+    if device != "cuda":
+        raise ValueError(f"--device must be cpu or cuda, not {device!r}")
+    return ["engine.device=cuda", f"engine.num_gpus_per_host={1 / hosts!r}"]
 
 
 def variant_name(vectorize: str, preaggregate: str, hosts: int) -> str:
@@ -138,10 +154,11 @@ def _start_ray(cfg: Any) -> bool:
 
 
 def _rayfl_row(workload: str, cfg: Any, dataset: Any, loop: Any, loop_s: float, vec: str, pre: str,
-               hosts: int) -> dict[str, Any]:
+               hosts: int, device: str) -> dict[str, Any]:
     """One rayfl run; `loop` gives the reference model and clients, `loop_s` the loop's
     seconds per round measured right before this run."""
     from rayfl.results import load
+    from rayfl.results.load import read_manifest
     from rayfl.runner import run_experiment
 
     feds: list[Any] = []
@@ -153,8 +170,10 @@ def _rayfl_row(workload: str, cfg: Any, dataset: Any, loop: Any, loop_s: float, 
     seconds = round_seconds(outcome.run_dir)
     s = float(np.median(steady(seconds, 1, 1)))
     per_round = cfg.algorithm.clients_per_round
-    return {"workload": workload, "runner": "rayfl", "vectorize": vec, "preaggregate": pre, "num_hosts": hosts,
+    hosts_seen = read_manifest(outcome.run_dir)["placement"]["hosts"]
+    return {"workload": workload, "runner": "rayfl", "device": device, "vectorize": vec, "preaggregate": pre, "num_hosts": hosts,
             "seconds_per_round": s, "client_updates_per_second": per_round / s, "peak_rss_mb": mem.peak_mb,
             "loop_seconds_per_round": loop_s, "ratio_to_loop": s / loop_s, "max_abs_diff": float(np.max(np.abs(final - loop.final))),
             "same_clients": sampled == loop.sampled, "round_seconds": [round(float(v), 4) for v in seconds],
+            "host_devices": [f"{i['device']} (CUDA_VISIBLE_DEVICES={i['cuda_visible_devices']})" for i in hosts_seen],
             "run_dir": str(outcome.run_dir)}

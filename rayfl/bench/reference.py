@@ -45,17 +45,22 @@ def sample_clients(seed: int, round: int, sizes: np.ndarray, k: int) -> list[int
     return sorted(int(c) for c in rng.choice(candidates, size=min(k, len(candidates)), replace=False))
 
 
-def run_reference_loop(cfg: Config, dataset: FederatedDataset, rounds: int, threads: int | None = 1) -> LoopResult:
+def run_reference_loop(
+    cfg: Config, dataset: FederatedDataset, rounds: int, threads: int | None = 1, device: str = "cpu",
+) -> LoopResult:
     """FedAvg (server_lr 1, sample weights; FedProx: each client's gradient plus
     mu * (w - w_global)) for `rounds` rounds, one client after another,
     on `threads` torch threads (None: torch's default, one per core). One thread is the fair
     default: rayfl's hosts run one each (engine.torch_threads), and on a shared machine
-    torch's spinning OpenMP workers make a multi-threaded loop of tiny steps far slower."""
+    torch's spinning OpenMP workers make a multi-threaded loop of tiny steps far slower.
+
+    On `device` "cuda" the loop is what a researcher with a GPU writes: the training data and
+    the model on the GPU once, each client's minibatch indices moved there once per client."""
     if threads is not None:
         previous = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            return run_reference_loop(cfg, dataset, rounds, None)
+            return run_reference_loop(cfg, dataset, rounds, None, device)
         finally:
             torch.set_num_threads(previous)
     alg = cfg.algorithm
@@ -64,21 +69,24 @@ def run_reference_loop(cfg: Config, dataset: FederatedDataset, rounds: int, thre
     mu = float(getattr(alg, "mu", 0.0))
     seed = cfg.run.seed
     sizes = np.array([len(ix) for ix in dataset.client_train], dtype=np.int64)
-    model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+    dev = torch.device(device)
+    model = build_model(cfg.model, dataset.input_shape, dataset.num_classes).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=alg.lr)
-    x = torch.from_numpy(initial_params(cfg, dataset))
+    x = torch.from_numpy(initial_params(cfg, dataset)).to(dev)
+    train_x, train_y = torch.from_numpy(dataset.train_x).to(dev), torch.from_numpy(dataset.train_y).to(dev)
     seconds, sampled = [], {}
     for r in range(rounds):
         t0 = time.perf_counter()
         ids = sample_clients(seed, r, sizes, alg.clients_per_round)
         weights = sizes[ids] / sizes[ids].sum()
-        acc = torch.zeros(x.shape, dtype=torch.float64)
+        acc = torch.zeros(x.shape, dtype=torch.float64, device=dev)
         for c, w in zip(ids, weights, strict=True):
-            rows = dataset.client_train[c]
-            cx, cy = torch.from_numpy(dataset.train_x[rows]), torch.from_numpy(dataset.train_y[rows])
+            rows = torch.as_tensor(np.asarray(dataset.client_train[c]), device=dev)
+            cx, cy = train_x[rows], train_y[rows]
             set_flat(model, x)
             center = [p.detach().clone() for p in model.parameters()] if mu else []
-            for idx in epoch_indices(numpy_rng(seed, "batches", r, c), len(rows), alg.batch_size, alg.local_epochs):
+            batches = epoch_indices(numpy_rng(seed, "batches", r, c), len(rows), alg.batch_size, alg.local_epochs)
+            for idx in torch.cat(batches).to(dev).split([len(b) for b in batches]):
                 opt.zero_grad(set_to_none=True)
                 F.cross_entropy(model(cx[idx]), cy[idx]).backward()
                 if mu:  # FedProx: the gradient of mu/2 ||w - w_global||^2
@@ -87,6 +95,8 @@ def run_reference_loop(cfg: Config, dataset: FederatedDataset, rounds: int, thre
                 opt.step()
             acc += w * (get_flat(model) - x).double()
         x = (x.double() + acc).float()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)  # the round's kernels finished, not only queued
         seconds.append(time.perf_counter() - t0)
         sampled[r] = ids
-    return LoopResult(x.numpy(), seconds, sampled)
+    return LoopResult(x.cpu().numpy(), seconds, sampled)

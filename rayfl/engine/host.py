@@ -359,13 +359,29 @@ def retain_freed_memory(trim: int = 1 << 30, mmap: int = 32 << 20) -> None:
 
 
 def resolve_device(device: str) -> torch.device:
+    """engine.device for this host. "auto" is the GPU only where Ray gave this actor a GPU
+    share (engine.num_gpus_per_host > 0): on a GPU node Ray leaves CUDA visible to actors that
+    reserved none, and hosts that used it anyway would crowd a card Ray hands to others (seen
+    on an H200: two "auto" hosts with no share both ran on cuda). Outside a Ray actor (a host
+    built in process) "auto" is the GPU whenever torch sees one."""
     if device == "cpu":
         return torch.device("cpu")
     if device == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError("engine.device is 'cuda' but this host sees no GPU (set engine.num_gpus_per_host > 0)")
         return torch.device("cuda")
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda" if _ray_gpu_share() in (None, True) else "cpu")
+
+
+def _ray_gpu_share() -> bool | None:
+    """Whether Ray gave this process GPUs (None outside a Ray worker)."""
+    import ray
+
+    if not ray.is_initialized() or ray.get_runtime_context().worker.mode != ray.WORKER_MODE:
+        return None
+    return bool(ray.get_gpu_ids())
 
 
 def remote_host_class():

@@ -124,6 +124,18 @@ class StackedBatches:
     def steps(self) -> int:
         return int(self.index.shape[0])
 
+    def padded_steps(self, multiple: int) -> StackedBatches:
+        """The same streams with idle steps (no rows, inactive) appended up to a multiple of
+        `multiple` steps."""
+        pad = -self.steps % multiple
+        if not pad:
+            return self
+
+        def more(t: torch.Tensor) -> torch.Tensor:
+            return torch.cat([t, t.new_zeros((pad, *t.shape[1:]))])
+
+        return StackedBatches(self.data_x, self.data_y, more(self.index), more(self.mask), more(self.active))
+
     def _flat_rows(self) -> torch.Tensor:
         if self._rows is None:
             k, n = self.data_y.shape
