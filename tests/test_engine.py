@@ -74,6 +74,7 @@ CPU, GPU, HOSTS = "engine.num_cpus_per_host", "engine.num_gpus_per_host", "engin
         (EngineConfig(num_cpus_per_host=3), LAPTOP, CPU, "single node"),
         (EngineConfig(num_hosts=2, num_gpus_per_host=0.5), LAPTOP, GPU, "no GPU"),
         (EngineConfig(device="cuda"), LAPTOP, "engine.device", "engine.device=auto or cpu"),
+        (EngineConfig(device="cuda"), GPU_NODES, GPU, "GPU share per host"),
         (EngineConfig(num_hosts=6, num_gpus_per_host=0.5), GPU_NODES, HOSTS, f"{GPU} to 0.25"),
         (EngineConfig(num_hosts=1, num_gpus_per_host=2), GPU_NODES, GPU, "single node"),
     ],
@@ -103,7 +104,7 @@ def test_resource_check_allows_for_an_autoscaler():
     unbounded = Capacity((NodeGroup({"CPU": 2.0}), NodeGroup({"CPU": 4.0, "GPU": 1.0}, None)))
     check_request(request(EngineConfig(num_hosts=1000, num_gpus_per_host=1)), unbounded)
     scaling = Capacity((NodeGroup({"CPU": 2.0}),), scales=True)  # limits unknown: never refuse
-    check_request(request(EngineConfig(num_hosts=1000, device="cuda")), scaling)
+    check_request(request(EngineConfig(num_hosts=1000, device="cuda", num_gpus_per_host=0.5)), scaling)
 
 
 def test_a_plain_head_is_not_an_autoscaler():

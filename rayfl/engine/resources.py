@@ -136,6 +136,14 @@ def hosts_that_fit(capacity: Capacity, num_cpus: float, num_gpus: float) -> floa
 
 def check_request(req: HostRequest, capacity: Capacity) -> None:
     """Raise ResourceError when `capacity` can never hold `req`, with the fix in the message."""
+    if req.device == "cuda" and req.num_gpus <= 0 and (capacity.scales or capacity.total("GPU") > 0):
+        # Ray reserves no GPU for such hosts and leaves every GPU visible to them: all of them
+        # would run on GPU 0, beside whatever Ray hands that GPU to
+        raise ResourceError(
+            "engine.num_gpus_per_host",
+            "engine.device=cuda needs a GPU share per host, or Ray reserves none and every host "
+            "lands on GPU 0; set engine.num_gpus_per_host (e.g. 0.25: four hosts share a GPU)",
+        )
     if capacity.scales:
         return
     have = capacity.describe()

@@ -192,7 +192,7 @@ def stack_batches(ctxs: Sequence[ClientContext], plans: Sequence[list[torch.Tens
     full = all(len(rows) == width for plan in plans for rows in plan)
     for j, (ctx, plan) in enumerate(zip(ctxs, plans, strict=True)):
         n = ctx.num_samples
-        if n:
+        if n and plan:  # a client without minibatches (no budget, a GPU chunk's idle filler) is never read
             data_x[j, :n] = ctx.x
             data_y[j, :n] = ctx.y
         if full and plan:  # every minibatch full: one copy per client
