@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 from rayfl.algorithms.fedavg import fedavg_client
 from rayfl.algorithms.local import LocalSchedule
@@ -100,3 +101,25 @@ def test_cli_parses_the_fedavg_workloads():
     for bad in (["--hosts", "0"], ["--vectorize", "sometimes"], ["--preaggregate", "auto"]):
         with pytest.raises(SystemExit):
             p.parse_args(["bench", "fedavg-mlp", *bad])
+    assert p.parse_args(["bench", "fedavg-mlp"]).device == "cpu"
+    assert p.parse_args(["bench", "fedprox-mlp", "--device", "cuda"]).device == "cuda"
+    with pytest.raises(SystemExit):
+        p.parse_args(["bench", "fedavg-mlp", "--device", "tpu"])
+
+
+def test_device_overrides_share_one_gpu():
+    from rayfl.bench.fedavg import device_overrides
+
+    assert device_overrides("cpu", 4) == []
+    assert device_overrides("cuda", 4) == ["engine.device=cuda", "engine.num_gpus_per_host=0.25"]
+    assert device_overrides("cuda", 8)[1] == "engine.num_gpus_per_host=0.125"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a GPU")
+def test_cuda_bench_without_a_gpu_is_one_line_and_status_2(tmp_path, capsys):
+    from rayfl.cli import main
+
+    code = main(["bench", "fedavg-mlp", "--device", "cuda", "--rounds", "3", "--out", str(tmp_path / "x.json")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "--device" in err and "no GPU" in err
+    assert not (tmp_path / "x.json").exists()

@@ -67,6 +67,10 @@ def run_fedavg_bench(
 
     if rounds < 3:
         raise ValueError("--rounds must be >= 3 (round 0 and the last round are not timed)")
+    if device == "cuda" and not torch.cuda.is_available():
+        from rayfl.config import ConfigError
+
+        raise ConfigError("--device", f"cuda asked, but torch {torch.__version__} sees no GPU here; use --device cpu")
     hosts, vectorize, preaggregate = hosts or [1, 2], vectorize or ["on", "off"], preaggregate or ["off"]
     results_dir = out.parent / "results"
     cfg = workload_config(workload, rounds)
