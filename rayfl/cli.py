@@ -27,6 +27,7 @@ examples:
   rayfl bench zo                              wall time of a ZO-HFL round vs FedAvg rounds (offline MNIST)
   rayfl bench fedavg-mlp                      rayfl (vectorised / loop, 1 and 2 hosts) vs a plain PyTorch loop
   rayfl bench fedprox-mlp                     the same with FedProx's proximal term (mu 0.01)
+  rayfl bench fedavg-mlp --device cuda --hosts 1,4,8   the same with the hosts sharing one GPU
   rayfl bench startup                         a 10-round fedavg-mlp run as a process: seconds outside its rounds
 
 algorithms (algorithm.name; `rayfl validate --set algorithm.name=X` prints X's options):
