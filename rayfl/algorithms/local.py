@@ -151,8 +151,8 @@ def local_sgd_batched(
     fixed = fixed_chunk(row_bytes, starts.device)
     if fixed and k % fixed:  # on a GPU every chunk has the same K: idle clients fill the last
         pad = fixed - k % fixed
-        ctxs, plans, lrs, schedules = ([*v, *[v[0]] * pad] for v in (ctxs, plans, lrs, schedules))
-        plans[k:] = [[] for _ in range(pad)]  # no minibatches: an idle client never moves
+        ctxs, lrs, schedules = ([*v, *[v[0]] * pad] for v in (ctxs, lrs, schedules))
+        plans = [*plans, *([] for _ in range(pad))]  # no minibatches: an idle client never moves
         weight_decay, prox_mu = (None if v is None else [*v, *[0.0] * pad] for v in (weight_decay, prox_mu))
         starts = _pad_rows(starts, pad)
         prox_centers = starts if to_start else None if prox_centers is None else _pad_rows(prox_centers, pad)
@@ -162,8 +162,7 @@ def local_sgd_batched(
     loss_sum = torch.zeros(len(ctxs), dtype=torch.float64, device=starts.device)
     rows: list[torch.Tensor] = []
     scratch = None  # one chunk's per-layer working copies, reused by the next chunk
-    parts = chunk_slices(len(ctxs), row_bytes, fixed)
-    for part in parts:
+    for part in chunk_slices(len(ctxs), row_bytes, fixed):
         # one output buffer per chunk, not one [K, d]: a chunk's few MB come back from the
         # allocator's free lists round after round, where K rows (tens of MB) would be a fresh
         # mapping each call and page-fault on every first write
