@@ -168,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
         fa.add_argument("--preaggregate", type=_on_off_list, default=["off", "on"],
                         help="engine.preaggregate values: off,on (host pre-aggregation)")
         fa.add_argument("--loop-threads", type=int, default=1, help="torch threads of the reference loop (0: torch's default)")
+        fa.add_argument("--repeat", type=int, default=1,
+                        help="timed (loop, rayfl) pairs per variant, in ABBA order; the ratio is their median")
         fa.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="cuda: the loop on the GPU, and each variant's hosts sharing one GPU "
                         "(engine.num_gpus_per_host = 1 / hosts)")
@@ -181,6 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     status 2, wherever it is found, Ray started or not; anything else is a bug and keeps its
     traceback."""
     args = build_parser().parse_args(argv)
+    early_head = argv is None and args.command == "run" and will_start_local_ray(args)
+    if early_head:  # Ray starts beside the config's loading (engine/local_ray.py)
+        from rayfl.engine.local_ray import start_early
+
+        start_early()
     try:
         code = COMMANDS[args.command](args)
         if argv is None and args.command in ("run", "resume"):
@@ -197,6 +204,20 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"rayfl: {e}", file=sys.stderr)
         return 130
+    finally:
+        if early_head:  # a mistake or a failure before the run took the head: nothing left running
+            from rayfl.engine.local_ray import discard_head
+
+            discard_head()
+
+
+def will_start_local_ray(args: argparse.Namespace) -> bool:
+    """Whether `rayfl run` will start a Ray of its own, as far as the command line says (a
+    job file naming engine.address is found later, and the early head then discarded)."""
+    import os
+
+    return not (os.environ.get("RAY_ADDRESS") or args.address
+                or any(o.replace(" ", "").startswith("engine.address=") for o in args.overrides))
 
 
 def exit_now(code: int) -> None:
@@ -415,7 +436,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from rayfl.bench.fedavg import run_fedavg_bench
 
         result = run_fedavg_bench(args.bench, args.rounds, Path(args.out), args.hosts, args.vectorize, args.loop_threads or None,
-                                  args.preaggregate, args.device)
+                                  args.preaggregate, args.device, args.repeat)
     else:
         from rayfl.bench.asynchronous import run_async_bench
 

@@ -23,7 +23,7 @@ from rayfl.config import Config, ConfigError, config_from_dict
 from rayfl.data import FederatedDataset, build_federated_dataset
 from rayfl.engine import Federation
 from rayfl.engine.checkpoint import Checkpoint, load_checkpoint
-from rayfl.engine.local_ray import start_local_ray, stop_ray, unreachable
+from rayfl.engine.local_ray import discard_head, start_local_ray, stop_ray, unreachable
 from rayfl.engine.resources import check_cluster, check_local_cluster
 from rayfl.progress import mark
 from rayfl.results import RunWriter
@@ -80,6 +80,7 @@ def init_ray(cfg: Config) -> bool:
     kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True}
     if (joined := check_address(cfg)) is not None:
         field, address = joined
+        discard_head()  # started early for a local run; the config names a Ray to join instead
         try:
             ray.init(address=address, **kwargs)
         except ConnectionError as e:  # its token auth refused us, or it went away meanwhile

@@ -123,3 +123,22 @@ def test_cuda_bench_without_a_gpu_is_one_line_and_status_2(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and "--device" in err and "no GPU" in err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_paired_row_takes_the_median_of_back_to_back_ratios():
+    from rayfl.bench.fedavg import paired_row
+
+    def row(s: float, diff: float, same: bool = True) -> dict:
+        return {"seconds_per_round": s, "client_updates_per_second": 100 / s, "peak_rss_mb": 10 * s,
+                "max_abs_diff": diff, "same_clients": same, "run_dir": f"r{s}"}
+
+    # the machine slowed during pair 2: its ratio, not its seconds, is what compares
+    out = paired_row([(row(1.0, 1e-6), 1.0), (row(2.2, 3e-6), 2.0), (row(0.9, 2e-6), 1.0)])
+    assert out["ratios"] == [1.0, 1.1, 0.9]
+    assert out["ratio_to_loop"] == 1.0
+    assert out["seconds_per_round"] == 1.0 and out["loop_seconds_per_round"] == 1.0
+    assert out["client_updates_per_second"] == 100.0
+    assert out["peak_rss_mb"] == 22.0 and out["max_abs_diff"] == 3e-6 and out["same_clients"]
+    assert not paired_row([(row(1.0, 0.0), 1.0), (row(1.0, 0.0, same=False), 1.0)])["same_clients"]
+    p = build_parser()
+    assert p.parse_args(["bench", "fedavg-mlp", "--repeat", "3"]).repeat == 3

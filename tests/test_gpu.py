@@ -42,7 +42,7 @@ def test_hosts_sharing_one_gpu_reach_the_cpu_loops_model(ray_local, small, tmp_p
     cfg, ds, cpu = small
     run_cfg = workload_config("fedavg-mlp", ROUNDS, *SMALL, f"engine.vectorize={vectorize}", f"engine.num_hosts={hosts}",
                               f"output.dir={tmp_path}", *device_overrides("cuda", hosts))
-    row = _rayfl_row("fedavg-mlp", run_cfg, ds, cpu, 1.0, vectorize, "off", hosts, "cuda")
+    row = _rayfl_row("fedavg-mlp", run_cfg, ds, cpu, vectorize, "off", hosts, "cuda")
     assert row["same_clients"]
     assert row["max_abs_diff"] <= TOLERANCE
     devices = row["host_devices"]

@@ -136,15 +136,33 @@ def test_build_dataset_on_one_blas_thread_gives_the_same_data(monkeypatch, tmp_p
     assert blas_threads() == threads
 
 
-# A local Ray as a run starts it: its idle workers have imported the hosts' modules before
-# any host asks them to, and stop_ray leaves no autoscaler monitor behind.
-LOCAL_RAY = """
-import json, sys, time
-import ray
-from rayfl.engine.local_ray import start_local_ray, stop_ray
+# A local Ray as a run starts it: a head held by a process of its own, without the API server
+# and the autoscaler monitor, whose idle workers have imported the hosts' modules before any
+# host asks them to; stopping it leaves no process behind.
+KINDS = """
+def kind(proc):
+    line = " ".join(proc.cmdline())
+    for key, name in (("gcs_server", "gcs"), ("raylet", "raylet"), ("log_monitor.py", "log_monitor"),
+                      ("dashboard/dashboard.py", "api_server"), ("autoscaler/_private/monitor.py", "autoscaler"),
+                      ("ray::DashboardAgent", "dashboard_agent"), ("ray::RuntimeEnvAgent", "runtime_env_agent"),
+                      ("default_worker.py", "worker"), ("ray::", "worker")):
+        if key in line:
+            return name
+    return line[:60]
 
-start_local_ray(num_cpus=1, logging_level="ERROR")
-monitor = ray._private.worker._global_node.all_processes["monitor"][0].process
+def alive(proc):
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+"""
+LOCAL_RAY = KINDS + """
+import json, sys, time
+import psutil, ray
+from rayfl.engine import local_ray
+
+local_ray.start_local_ray(num_cpus=1, logging_level="ERROR")
+helper = psutil.Process(local_ray._head.process.pid)
 
 @ray.remote(num_cpus=1)
 def preloaded():
@@ -152,17 +170,55 @@ def preloaded():
 
 time.sleep(1)
 mods = ray.get(preloaded.remote())
-early = stop_ray()
-print(json.dumps({"preloaded": mods, "early": early, "monitor": monitor.pid, "monitor_exit": monitor.poll(),
-                  "up": ray.is_initialized()}))
+tree = helper.children(recursive=True)
+kinds = sorted({kind(p) for p in tree})
+local_ray.stop_ray()
+print(json.dumps({"preloaded": mods, "kinds": kinds, "left": [kind(p) for p in [helper, *tree] if alive(p)],
+                  "up": ray.is_initialized(), "head": local_ray._head is None}))
 """
 
 
-def test_local_ray_preloads_host_modules_and_stops_its_monitor():
+def test_local_ray_is_a_lean_head_with_preloaded_workers_and_leaves_nothing():
     proc = subprocess.run([sys.executable, "-c", LOCAL_RAY], capture_output=True, text=True, cwd=REPO, timeout=180)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["preloaded"] == ["rayfl.algorithms", "rayfl.engine.host", "torch"]
-    assert out["early"] == [out["monitor"]], "the monitor was left to ray.shutdown's 1 s SIGTERM grace"
-    assert out["monitor_exit"] == -9
-    assert not out["up"]
+    assert {"gcs", "raylet", "log_monitor", "dashboard_agent", "runtime_env_agent", "worker"} <= set(out["kinds"]), out
+    assert not {"api_server", "autoscaler"} & set(out["kinds"]), out
+    assert out["left"] == [] and not out["up"] and out["head"], out
+
+
+# `rayfl run` as its own process (main() without argv) starts the head before it loads the
+# config; a mistake found meanwhile stops it, and everything it started, at once.
+EARLY_HEAD = KINDS + """
+import json, sys, time
+import psutil
+from rayfl.cli import main
+from rayfl.engine import local_ray
+
+seen = []
+stop = local_ray.LocalHead.stop
+def spy(self):
+    helper = psutil.Process(self.process.pid)
+    seen.append([helper, *helper.children(recursive=True)])
+    t = time.perf_counter()
+    stop(self)
+    seen[-1] = (seen[-1], time.perf_counter() - t)
+local_ray.LocalHead.stop = spy
+sys.argv = ["rayfl", "run", "--quiet", "--set", sys.argv[1]]
+code = main()
+procs, took = seen[0]
+print(json.dumps({"code": code, "heads": len(seen), "left": [kind(p) for p in procs if alive(p)],
+                  "stop_seconds": took}))
+"""
+
+
+def test_a_mistake_after_the_early_head_started_stops_it_at_once():
+    proc = subprocess.run([sys.executable, "-c", EARLY_HEAD, "algorithm.lr=-1"], capture_output=True, text=True,
+                          cwd=REPO, timeout=180)
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["code"] == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("rayfl: error:")]
+    assert len(errors) == 1 and "algorithm.lr" in errors[0], proc.stderr
+    assert out["heads"] == 1 and out["left"] == [], out
+    assert out["stop_seconds"] < 5.0, out

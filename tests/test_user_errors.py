@@ -327,11 +327,27 @@ BEFORE_LOCAL_RAY = {
 }
 
 
+def left_running(ray_tmp: Path) -> list[str]:
+    """The processes still running with this RAY_TMPDIR: a `rayfl run` process's own and every
+    Ray process it started (workers and agents rename themselves; their environment stays)."""
+    import psutil
+
+    left = []
+    for proc in psutil.process_iter(["pid", "name", "status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and proc.environ().get("RAY_TMPDIR") == str(ray_tmp):
+                left.append(f"{proc.info['pid']} {proc.info['name']}")
+        except psutil.Error:
+            continue
+    return left
+
+
 @pytest.fixture(scope="module")
-def before_local_ray(ray_local, tmp_path_factory) -> dict[str, tuple[Finished, Path]]:
+def before_local_ray(ray_local, tmp_path_factory) -> dict[str, tuple[Finished, list[str]]]:
     """Runs that would start their own local Ray, each in a fresh process with its own
     RAY_TMPDIR, side by side: BEFORE_LOCAL_RAY's, and a run reusing the run id of a tiny run
-    made first on the session's Ray. Returns each one's outcome and RAY_TMPDIR."""
+    made first on the session's Ray. Returns each one's outcome and what was left running
+    with its RAY_TMPDIR the moment it exited."""
     tmp = tmp_path_factory.mktemp("before_local_ray")
     reuse = tiny(tmp / "reuse", "run.run_id=fixed")
     assert main(reuse) == 0
@@ -341,23 +357,27 @@ def before_local_ray(ray_local, tmp_path_factory) -> dict[str, tuple[Finished, P
     for name, (cwd, argv) in cases.items():
         (ray_tmp := tmp / f"ray-{name}").mkdir()
         procs[name] = (start_cli(cwd, argv, ray_tmp), ray_tmp)
-    return {name: (finish(proc), ray_tmp) for name, (proc, ray_tmp) in procs.items()}
+    outcomes = {}
+    for name, (proc, ray_tmp) in procs.items():
+        outcomes[name] = (finish(proc), left_running(ray_tmp))
+    return outcomes
 
 
 @pytest.mark.parametrize("case", list(BEFORE_LOCAL_RAY), ids=list(BEFORE_LOCAL_RAY))
-def test_resource_mistake_is_said_before_a_local_ray_starts(case, before_local_ray):
-    """The machine's CPUs and GPUs are known before the run's own Ray starts: one line, and
-    Ray never started (its temporary directory stays empty)."""
-    result, ray_tmp = before_local_ray[case]
+def test_resource_mistake_is_said_before_any_host_and_leaves_nothing_running(case, before_local_ray):
+    """The machine's CPUs and GPUs are known before the run joins the Ray it started beside
+    its config (rayfl.engine.local_ray): one line, and by the time the run's process exits
+    that Ray is gone, with everything it started."""
+    result, left = before_local_ray[case]
     assert_one_line(result.returncode, result.stderr, (BEFORE_LOCAL_RAY[case][1],))
-    assert not any(ray_tmp.iterdir()), "Ray started before the mistake was said"
+    assert left == []
 
 
 def test_reused_run_id(before_local_ray):
     """Found before Ray starts: one line, with both ways out (the writer's own check, for runs
     on a Ray already running such as a sweep's trials, is tests/test_results.py's)."""
-    again, ray_tmp = before_local_ray["run-id-again"]
-    assert not any(ray_tmp.iterdir())
+    again, left = before_local_ray["run-id-again"]
+    assert left == []
     assert_one_line(
         again.returncode, again.stderr, ("run.run_id", "fixed", "output.overwrite=true")
     )

@@ -60,13 +60,15 @@ def workload_config(workload: str, rounds: int, *extra: str) -> Any:
 
 def run_fedavg_bench(
     workload: str, rounds: int, out: Path, hosts: list[int] | None = None, vectorize: list[str] | None = None,
-    loop_threads: int | None = 1, preaggregate: list[str] | None = None, device: str = "cpu",
+    loop_threads: int | None = 1, preaggregate: list[str] | None = None, device: str = "cpu", repeat: int = 1,
 ) -> dict[str, Any]:
     """Time the loop and every (vectorize, hosts) variant of rayfl; see the module doc."""
     from rayfl.data import build_federated_dataset
 
     if rounds < 3:
         raise ValueError("--rounds must be >= 3 (round 0 and the last round are not timed)")
+    if repeat < 1:
+        raise ValueError("--repeat must be >= 1")
     if device == "cuda" and not torch.cuda.is_available():
         from rayfl.config import ConfigError
 
@@ -89,16 +91,22 @@ def run_fedavg_bench(
                  "round_seconds": [round(s, 4) for s in loop.round_seconds]}]
         stamp = time.strftime("%Y%m%d-%H%M%S")
         for vec, pre, h in itertools.product(vectorize, preaggregate, hosts):
-            # the loop again right before each variant: a ratio of two back-to-back timings
-            # survives a machine whose load changes over minutes
-            again = run_reference_loop(cfg, dataset, rounds, loop_threads, device)
             name = variant_name(vec, pre, h)
-            run_cfg = workload_config(workload, rounds, f"engine.vectorize={vec}", f"engine.num_hosts={h}",
-                                      f"engine.preaggregate={pre}", f"output.dir={results_dir}",
-                                      f"run.experiment=bench_{workload}", f"run.run_id={name}-{stamp}",
-                                      *device_overrides(device, h))
-            rows.append(_rayfl_row(workload, run_cfg, dataset, loop, float(np.median(steady(again.round_seconds, 1, 1))),
-                                   vec, pre, h, device))
+            pairs = []
+            for i in range(repeat):
+                run_cfg = workload_config(workload, rounds, f"engine.vectorize={vec}", f"engine.num_hosts={h}",
+                                          f"engine.preaggregate={pre}", f"output.dir={results_dir}",
+                                          f"run.experiment=bench_{workload}", f"run.run_id={name}-{stamp}-{i}",
+                                          *device_overrides(device, h))
+                # the loop again beside each run, before it and after it in turn (ABBA): a ratio of
+                # back-to-back timings survives a machine whose speed drifts
+                if i % 2 == 0:
+                    again = run_reference_loop(cfg, dataset, rounds, loop_threads, device)
+                row = _rayfl_row(workload, run_cfg, dataset, loop, vec, pre, h, device)
+                if i % 2 == 1:
+                    again = run_reference_loop(cfg, dataset, rounds, loop_threads, device)
+                pairs.append((row, float(np.median(steady(again.round_seconds, 1, 1)))))
+            rows.append(paired_row(pairs))
     finally:
         if started:
             from rayfl.engine.local_ray import stop_ray
@@ -112,6 +120,9 @@ def run_fedavg_bench(
         "algorithm": cfg.algorithm.name, "prox_mu": getattr(cfg.algorithm, "mu", 0.0),
         "clients_per_round": per_round, "local_epochs": 1, "batch_size": 10, "lr": 0.05, "rounds": rounds,
         "timed_rounds": f"1..{rounds - 2} (median; round 0 is warm-up, round {rounds - 1} evaluates)",
+        "repeat": repeat,
+        "ratio": "median over the repeats of rayfl / loop, each pair timed back to back" if repeat > 1 else
+                 "rayfl / loop, timed back to back",
         "data_seconds": round(data_seconds, 3),
         "machine": {"cpus": available_cpus(), "platform": platform.platform(), "torch": torch.__version__,
                     "loop_torch_threads": loop_threads or torch.get_num_threads(),
@@ -157,10 +168,25 @@ def _start_ray(cfg: Any) -> bool:
         return init_ray(cfg)
 
 
-def _rayfl_row(workload: str, cfg: Any, dataset: Any, loop: Any, loop_s: float, vec: str, pre: str,
+def paired_row(pairs: list[tuple[dict[str, Any], float]]) -> dict[str, Any]:
+    """One variant's row from its (rayfl row, loop seconds per round) pairs: medians of the
+    seconds, the median of the pairs' ratios (each of two back-to-back timings), the worst
+    model difference; `ratios` keeps every pair's."""
+    rows, loops = [r for r, _ in pairs], [s for _, s in pairs]
+    ratios = [r["seconds_per_round"] / s for r, s in pairs]
+    row = dict(rows[len(rows) // 2])
+    seconds = float(np.median([r["seconds_per_round"] for r in rows]))
+    row.update(seconds_per_round=seconds, client_updates_per_second=rows[0]["client_updates_per_second"]
+               * rows[0]["seconds_per_round"] / seconds, peak_rss_mb=max(r["peak_rss_mb"] for r in rows),
+               loop_seconds_per_round=float(np.median(loops)), ratio_to_loop=float(np.median(ratios)),
+               ratios=[round(x, 4) for x in ratios], max_abs_diff=max(r["max_abs_diff"] for r in rows),
+               same_clients=all(r["same_clients"] for r in rows))
+    return row
+
+
+def _rayfl_row(workload: str, cfg: Any, dataset: Any, loop: Any, vec: str, pre: str,
                hosts: int, device: str) -> dict[str, Any]:
-    """One rayfl run; `loop` gives the reference model and clients, `loop_s` the loop's
-    seconds per round measured right before this run."""
+    """One rayfl run; `loop` gives the reference model and clients."""
     from rayfl.results import load
     from rayfl.results.load import read_manifest
     from rayfl.runner import run_experiment
@@ -177,7 +203,7 @@ def _rayfl_row(workload: str, cfg: Any, dataset: Any, loop: Any, loop_s: float, 
     hosts_seen = read_manifest(outcome.run_dir)["placement"]["hosts"]
     return {"workload": workload, "runner": "rayfl", "device": device, "vectorize": vec, "preaggregate": pre, "num_hosts": hosts,
             "seconds_per_round": s, "client_updates_per_second": per_round / s, "peak_rss_mb": mem.peak_mb,
-            "loop_seconds_per_round": loop_s, "ratio_to_loop": s / loop_s, "max_abs_diff": float(np.max(np.abs(final - loop.final))),
+            "max_abs_diff": float(np.max(np.abs(final - loop.final))),
             "same_clients": sampled == loop.sampled, "round_seconds": [round(float(v), 4) for v in seconds],
             "host_devices": [f"{i['device']} (CUDA_VISIBLE_DEVICES={i['cuda_visible_devices']})" for i in hosts_seen],
             "run_dir": str(outcome.run_dir)}

@@ -1,35 +1,118 @@
 """Starting and stopping the Ray that a run brings up itself, as fast as Ray allows.
 
-About 1.4 s of a short run's start-up and shutdown on 2 cores (shutdown 1.55 -> 0.49 s, hosts
-ready 2.22 -> 1.85 s; docs/benchmarks.md) were Ray doing serially what need not be:
+On 2 cores a short run's start was mostly Ray's own (docs/benchmarks.md, "startup"): CPU-bound,
+and serial with the driver's own work. Now:
 
-- Ray starts one idle worker process per CPU while it starts, and the hosts become those
-  workers; each then imported torch and rayfl (1.4-1.9 s on this 2-core machine) only once it
-  was asked to be a host. Ray's `preload_python_modules` has the idle workers import them
-  while Ray is still starting and the driver waits.
-- `ray.shutdown` stops the processes of a local Ray one after another and gives each a second
-  to exit on SIGTERM. The autoscaler monitor always takes the whole second (the GCS it would
-  report to is stopped before it); a local Ray has no autoscaling to wind down, so it is
-  stopped at once.
+- **Fewer processes.** The head runs without the API server and the autoscaler monitor that
+  `ray.init` starts (rayfl.engine.head_process says why neither is needed).
+- **Started early, beside the driver.** `rayfl run` launches the head's process first thing,
+  before it loads the config: Ray starts on the other core while the driver imports torch and
+  the algorithms. A mistake found meanwhile stops the head at once (`discard_head`): the user
+  reads the same one line, and nothing is left running.
+- **Idle workers preloaded.** Ray starts one idle worker per CPU with the node, and the hosts
+  become those workers; they import torch and rayfl while the driver is still busy.
 
+The run then joins the head (`ray.init(address=...)`) and, at its end, disconnects and stops it.
 A Ray that the run joined (`engine.address`, RAY_ADDRESS) is not configured, only left."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from typing import Any
 
-# What every host imports before its first call; a worker that cannot import them (an
-# unusual sys.path) logs the error to its own log and starts as usual.
-HOST_MODULES = ("torch", "rayfl.engine.host", "rayfl.algorithms")
+from rayfl.engine.head_process import kill_tree
+
+INIT_ONLY = ("logging_level", "log_to_driver")  # ray.init settings, not the head's
+STOP_TIMEOUT = 30.0  # seconds for the head's process to kill Ray's and exit
+
+
+class HeadStartError(RuntimeError):
+    """The local head did not start; the message is its process's."""
+
+
+class LocalHead:
+    """A local Ray head held by a child process (`python -m rayfl.engine.head_process`)."""
+
+    def __init__(self, num_cpus: int | None = None, num_gpus: int | None = None):
+        cmd = [sys.executable, "-m", "rayfl.engine.head_process"]
+        if num_cpus is not None:
+            cmd += ["--num-cpus", str(int(num_cpus))]
+        if num_gpus is not None:
+            cmd += ["--num-gpus", str(int(num_gpus))]
+        # its own session: Ctrl-C in the terminal reaches the run (which stops after the round
+        # and then stops the head), not the head under it
+        self.process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                        start_new_session=True)
+        self._answer: dict[str, Any] | None = None
+
+    def wait(self) -> str:
+        """The head's GCS address, once it is up."""
+        if self._answer is None:
+            assert self.process.stdout is not None
+            line = self.process.stdout.readline()
+            try:
+                self._answer = json.loads(line)
+            except ValueError:
+                self._answer = {"error": f"its process exited ({self.process.poll()}) without an answer"}
+        if "error" in self._answer:
+            raise HeadStartError(f"the local Ray head did not start: {self._answer['error']}")
+        return str(self._answer["address"])
+
+    def stop(self) -> None:
+        """Stop the head and wait for its processes to go (idempotent): at once, also while
+        it is still starting."""
+        if self._answer is None and self.process.poll() is None:
+            kill_tree(self.process.pid, include_root=True)  # still starting: all it started so far
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+_head: LocalHead | None = None  # the head this process started (at most one at a time)
+
+
+def start_early() -> None:
+    """Launch the head a `rayfl run` will need before the run loads its config."""
+    global _head
+    if _head is None:
+        _head = LocalHead()
+
+
+def discard_head() -> None:
+    """Stop the head this process started, if any (a mistake, a Ray to join instead, the end)."""
+    global _head
+    head, _head = _head, None
+    if head is not None:
+        head.stop()
 
 
 def start_local_ray(**kwargs: Any) -> None:
-    """A fresh local Ray ("local" never attaches to whatever cluster /tmp/ray last pointed
-    at), its idle workers preloaded with the hosts' modules."""
+    """Join a fresh local Ray (never whatever cluster /tmp/ray last pointed at): the early head
+    if this process launched one, else a new one. `num_cpus` / `num_gpus` size a new head;
+    the rest goes to `ray.init`."""
     import ray
 
-    ray.init(address="local", include_dashboard=False,
-             _system_config={"preload_python_modules": list(HOST_MODULES)}, **kwargs)
+    global _head
+    init = {k: v for k, v in kwargs.items() if k in INIT_ONLY}
+    node = {k: v for k, v in kwargs.items() if k not in INIT_ONLY}
+    if set(node) - {"num_cpus", "num_gpus"}:
+        raise TypeError(f"start_local_ray: unexpected settings {sorted(set(node) - {'num_cpus', 'num_gpus'})}")
+    if _head is None or node:
+        discard_head()
+        _head = LocalHead(**node)
+    try:
+        ray.init(address=_head.wait(), **init)
+    except BaseException:
+        discard_head()
+        raise
 
 
 def unreachable(address: str, timeout: float = 3.0) -> str | None:
@@ -50,19 +133,9 @@ def unreachable(address: str, timeout: float = 3.0) -> str | None:
         return f"nothing answers at {address} ({e.strerror or e}); is a head running there (`ray start --head`)?"
 
 
-def stop_ray() -> list[int]:
-    """`ray.shutdown`, stopping a local Ray's autoscaler monitor first with SIGKILL (0.4 s
-    instead of 1.4 s for the whole shutdown here). Returns the pids stopped ahead of the
-    shutdown: none for a joined Ray, whose node lists no processes of its own."""
+def stop_ray() -> None:
+    """Disconnect from Ray, and stop the local head this process started, if any."""
     import ray
-    from ray._private import ray_constants, worker
 
-    processes = getattr(getattr(worker, "_global_node", None), "all_processes", None) or {}
-    stopped = []
-    for info in processes.get(ray_constants.PROCESS_TYPE_MONITOR, []):
-        if info.process.poll() is None:
-            info.process.kill()
-            info.process.wait(timeout=10)
-            stopped.append(info.process.pid)
     ray.shutdown()
-    return stopped
+    discard_head()
