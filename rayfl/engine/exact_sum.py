@@ -36,8 +36,9 @@ class KeptValue:
 
     @classmethod
     def of(cls, value: np.ndarray) -> KeptValue:
-        """One pass: max |v| is NaN or Inf exactly when some entry is."""
-        peak = float(np.max(np.abs(value))) if value.size else 0.0
+        """max |v| as max(max v, -min v): two passes without a temporary (np.abs made a
+        model-sized one per client). NaN or Inf exactly when some entry is."""
+        peak = max(float(value.max()), -float(value.min())) if value.size else 0.0
         finite = math.isfinite(peak)
         return cls(tuple(value.shape), peak if finite else 0.0, finite)
 
@@ -45,7 +46,7 @@ class KeptValue:
 def max_abs(value: np.ndarray | KeptValue) -> float:
     if isinstance(value, KeptValue):
         return value.max_abs
-    return float(np.abs(value).max()) if value.size else 0.0
+    return max(float(value.max()), -float(value.min())) if value.size else 0.0
 
 
 def common_exponent(weights: Sequence[float], max_abs_values: Sequence[float]) -> int:
