@@ -36,13 +36,14 @@ def mlp() -> torch.nn.Module:
     return build_model(ModelConfig(name="mlp", hidden=[HIDDEN]), (F_IN,), C)
 
 
-def hand_sgd(model, start, x, y, lr, batch, epochs, wd, mu, center, corr):
-    """The same local SGD in float64 numpy with a hand-derived MLP gradient."""
+def hand_sgd(model, start, x, y, lr, batch, epochs, wd, mu, center, corr, offset=None):
+    """The same local SGD in float64 numpy with a hand-derived MLP gradient; with `offset` the
+    step at in-call step t is lr / (t + offset)."""
     sizes = [(HIDDEN, F_IN), (HIDDEN,), (C, HIDDEN), (C,)]
     w = start.astype(np.float64).copy()
     xs, ys = x.numpy().astype(np.float64), y.numpy()
     losses = []
-    for idx in epoch_indices(numpy_rng(SEED, "batches", ROUND, CLIENT), N, batch, epochs):
+    for t, idx in enumerate(epoch_indices(numpy_rng(SEED, "batches", ROUND, CLIENT), N, batch, epochs)):
         idx = idx.numpy()
         parts, o = [], 0
         for s in sizes:
@@ -65,7 +66,7 @@ def hand_sgd(model, start, x, y, lr, batch, epochs, wd, mu, center, corr):
         g1, gb1 = dz.T @ xb, dz.sum(0)
         g = np.concatenate([g1.ravel(), gb1, g2.ravel(), gb2])
         g = g + wd * w + mu * (w - center) + corr
-        w = w - lr * g
+        w = w - (lr if offset is None else lr / (t + offset)) * g
     return w, float(np.mean(losses))
 
 
@@ -85,6 +86,25 @@ def test_bound_module_sgd_matches_a_hand_computation_with_every_term():
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-5)
     assert abs(loss - want_loss) < 1e-5
     assert np.abs(want - start.numpy()).max() > 1e-2  # it moved
+
+
+def test_plain_sgd_with_a_decaying_step_matches_a_hand_computation():
+    """FedAvg's client (no extra term) takes `_plain_sgd`: each step's own lr / (t + offset),
+    every step charged, the model restored."""
+    model = mlp()
+    own = [p.detach().clone() for p in model.parameters()]
+    start = get_flat(model)
+    ctx = context(model)
+    zero = np.zeros(start.shape)
+    got, loss = local_sgd(ctx, start, 0.9, LocalSchedule(4, 2, None, 2.0))
+    want, want_loss = hand_sgd(model, start.numpy(), ctx.x, ctx.y, 0.9, 4, 2, 0.0, 0.0, zero, zero, offset=2.0)
+    assert ctx.work.steps == 6
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-5)
+    assert abs(loss - want_loss) < 1e-5
+    constant, _ = hand_sgd(model, start.numpy(), ctx.x, ctx.y, 0.9, 4, 2, 0.0, 0.0, zero, zero)
+    assert np.abs(constant - want).max() > 1e-2  # the decay matters here
+    for p, before in zip(model.parameters(), own, strict=True):
+        assert torch.equal(p.detach(), before) and p.grad is None
 
 
 def test_bound_path_equals_autograd_through_the_flat_vector_and_restores_the_model():

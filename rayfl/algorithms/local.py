@@ -54,6 +54,9 @@ def local_sgd(
     Each step's direction is grad CE + weight_decay * w + prox_mu * (w - prox_center) +
     correction, and each step is charged to the client's work meter."""
     w = start.detach().clone()
+    if not (weight_decay or prox_mu or correction is not None) and linear_shape(ctx.model) is None \
+            and can_bind(ctx.model, w):
+        return _plain_sgd(ctx, w, lr, schedule)
     losses = []
     for t, (loss, grad) in enumerate(_gradients(ctx, w, schedule)):
         with torch.no_grad():
@@ -69,6 +72,28 @@ def local_sgd(
         losses.append(loss)
     # one host-device synchronisation per client, not per step (the same float64 mean)
     return w.detach(), float(np.mean(torch.stack(losses).cpu().numpy().astype(np.float64))) if losses else float("nan")
+
+
+def _plain_sgd(ctx: ClientContext, w: torch.Tensor, lr: float, schedule: LocalSchedule) -> tuple[torch.Tensor, float]:
+    """`local_sgd` with nothing but the CE gradient (FedAvg's client), on a module bound to
+    `w`: each step takes the parameters' gradients from `autograd.grad` and adds them into the
+    views of `w`, as torch.optim.SGD does. Through a flat `.grad` (`_gradients`) each step also
+    zeroed the buffer and had backward add into it: ~20% more per step (MLP 784-200-10, batch
+    10; measured on an AMD EPYC and an Intel Xeon). The same values: a gradient added into
+    zeros is itself."""
+    losses = []
+    with bound_to(ctx.model, w, torch.zeros_like(w)) as model:
+        params = list(model.parameters())
+        views = [p.data for p in params]  # slices of w
+        for t, (xb, yb) in enumerate(ctx.batches(schedule.batch_size, epochs=schedule.epochs, steps=schedule.steps)):
+            loss = F.cross_entropy(model(xb), yb)
+            grads = torch.autograd.grad(loss, params)
+            ctx.work.gradient_step(len(yb))
+            step = -step_size(lr, t, schedule.lr_offset)
+            for view, g in zip(views, grads, strict=True):
+                view.add_(g, alpha=step)
+            losses.append(loss.detach())
+    return w, float(np.mean(torch.stack(losses).cpu().numpy().astype(np.float64))) if losses else float("nan")
 
 
 def _gradients(ctx: ClientContext, w: torch.Tensor, schedule: LocalSchedule) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
