@@ -2,8 +2,8 @@
 
 A job is a YAML file with one mapping per section (run, data, partition, model, algorithm,
 engine, system, output). Every section is a dataclass; unknown keys, wrong types and bad values
-raise `ConfigError` naming the dotted key and the allowed values *before* Ray starts, so a typo
-never costs a cluster allocation.
+raise `ConfigError` naming the dotted key and the allowed values *before* the run joins Ray, so
+a typo never costs a cluster allocation.
 """
 
 from __future__ import annotations

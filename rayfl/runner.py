@@ -1,8 +1,9 @@
 """One experiment from a validated config to a finished run directory.
 
 Order matters: validate the config and load the data (cheap, and where most mistakes show)
-before Ray starts; open the RunWriter before the first round so a crash mid-run still leaves a
-manifest and every flushed Parquet part on disk."""
+before the run joins Ray (`rayfl run` starts its local one meanwhile: rayfl.engine.local_ray);
+open the RunWriter before the first round so a crash mid-run still leaves a manifest and every
+flushed Parquet part on disk."""
 
 from __future__ import annotations
 
@@ -92,7 +93,7 @@ def init_ray(cfg: Config) -> bool:
 
 
 def check_before_ray(cfg: Config, num_clients: int, run_id: str | None = None) -> None:
-    """The mistakes a run can be told about before Ray starts: a run id already taken (for a
+    """The mistakes a run can be told about before it joins Ray: a run id already taken (for a
     new run), and, for a local Ray the run will start, hosts that cannot fit this machine.
     Both are checked again later; these only say it sooner."""
     import ray

@@ -206,7 +206,7 @@ def comfedl_client(
         for inner, outer_idx in _streams(ctx, steps, batch_size, outer_batch_size, objective == "maml", "batches"):
             value, grad = q(w, inner, outer_idx)
             g = outer_weight(value, outer, gamma, weighting, shift, clamp)
-            w -= lr * g * grad
+            w.add_(grad, alpha=-(lr * g))  # as local_sgd steps: FedAvg bit for bit when g = 1
             losses.append(value)
             weights.append(g)
     mean = float(np.mean(losses)) if losses else float("nan")

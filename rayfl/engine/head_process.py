@@ -40,6 +40,8 @@ def start_node(num_cpus: int | None, num_gpus: int | None) -> Any:
         def start_api_server(self, *, include_dashboard: bool | None, raise_on_failure: bool) -> None:
             """No dashboard, no job submission, no state API: nothing a local run reads."""
 
+    # enable_worker_prestart: the idle workers start as soon as the raylet registers, not when
+    # the first driver connects (~1 s sooner on 2 cores)
     params = RayParams(
         num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, no_monitor=True,
         _system_config={"preload_python_modules": list(HOST_MODULES), "enable_worker_prestart": True},
