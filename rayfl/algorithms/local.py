@@ -70,8 +70,13 @@ def local_sgd(
             # model-sized temporary each step (10% of a host's time on fedavg-mlp, unvectorised)
             w.add_(grad, alpha=-step_size(lr, t, schedule.lr_offset))
         losses.append(loss)
-    # one host-device synchronisation per client, not per step (the same float64 mean)
-    return w.detach(), float(np.mean(torch.stack(losses).cpu().numpy().astype(np.float64))) if losses else float("nan")
+    return w.detach(), mean_loss(losses)
+
+
+def mean_loss(losses: list[torch.Tensor]) -> float:
+    """The float64 mean of a client's minibatch losses, read with one host-device
+    synchronisation per client, not per step."""
+    return float(np.mean(torch.stack(losses).cpu().numpy().astype(np.float64))) if losses else float("nan")
 
 
 def _plain_sgd(ctx: ClientContext, w: torch.Tensor, lr: float, schedule: LocalSchedule) -> tuple[torch.Tensor, float]:
@@ -82,7 +87,7 @@ def _plain_sgd(ctx: ClientContext, w: torch.Tensor, lr: float, schedule: LocalSc
     10; measured on an AMD EPYC and an Intel Xeon). The same values: a gradient added into
     zeros is itself."""
     losses = []
-    with bound_to(ctx.model, w, torch.zeros_like(w)) as model:
+    with bound_to(ctx.model, w) as model:
         params = list(model.parameters())
         views = [p.data for p in params]  # slices of w
         for t, (xb, yb) in enumerate(ctx.batches(schedule.batch_size, epochs=schedule.epochs, steps=schedule.steps)):
@@ -93,7 +98,7 @@ def _plain_sgd(ctx: ClientContext, w: torch.Tensor, lr: float, schedule: LocalSc
             for view, g in zip(views, grads, strict=True):
                 view.add_(g, alpha=step)
             losses.append(loss.detach())
-    return w, float(np.mean(torch.stack(losses).cpu().numpy().astype(np.float64))) if losses else float("nan")
+    return w, mean_loss(losses)
 
 
 def _gradients(ctx: ClientContext, w: torch.Tensor, schedule: LocalSchedule) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

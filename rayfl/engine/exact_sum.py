@@ -36,14 +36,15 @@ class KeptValue:
 
     @classmethod
     def of(cls, value: np.ndarray) -> KeptValue:
-        """max |v| as max(max v, -min v): two passes without a temporary (np.abs made a
-        model-sized one per client). NaN or Inf exactly when some entry is."""
-        peak = max(float(value.max()), -float(value.min())) if value.size else 0.0
+        """NaN or Inf exactly when some entry is (`max_abs` propagates them)."""
+        peak = max_abs(value)
         finite = math.isfinite(peak)
         return cls(tuple(value.shape), peak if finite else 0.0, finite)
 
 
 def max_abs(value: np.ndarray | KeptValue) -> float:
+    """max |v| as max(max v, -min v): two passes without a temporary (np.abs made a
+    model-sized one per client)."""
     if isinstance(value, KeptValue):
         return value.max_abs
     return max(float(value.max()), -float(value.min())) if value.size else 0.0
