@@ -142,9 +142,11 @@ def test_build_dataset_on_one_blas_thread_gives_the_same_data(monkeypatch, tmp_p
 KINDS = """
 def kind(proc):
     line = " ".join(proc.cmdline())
-    for key, name in (("gcs_server", "gcs"), ("raylet", "raylet"), ("log_monitor.py", "log_monitor"),
+    for key, name in (("dashboard/agent.py", "dashboard_agent"), ("runtime_env/agent/main.py", "runtime_env_agent"),
+                      ("gcs_server", "gcs"), ("raylet", "raylet"), ("log_monitor.py", "log_monitor"),
                       ("dashboard/dashboard.py", "api_server"), ("autoscaler/_private/monitor.py", "autoscaler"),
                       ("ray::DashboardAgent", "dashboard_agent"), ("ray::RuntimeEnvAgent", "runtime_env_agent"),
+                      ("rayfl.engine.worker_fork", "fork_server"),
                       ("default_worker.py", "worker"), ("ray::", "worker")):
         if key in line:
             return name
@@ -183,7 +185,9 @@ def test_local_ray_is_a_lean_head_with_preloaded_workers_and_leaves_nothing():
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["preloaded"] == ["rayfl.algorithms", "rayfl.engine.host", "torch"]
-    assert {"gcs", "raylet", "log_monitor", "dashboard_agent", "runtime_env_agent", "worker"} <= set(out["kinds"]), out
+    # the agents (niced: they may not have set their titles yet) and the workers' fork server
+    assert {"gcs", "raylet", "log_monitor", "dashboard_agent", "runtime_env_agent", "worker",
+            "fork_server"} <= set(out["kinds"]), out
     assert not {"api_server", "autoscaler"} & set(out["kinds"]), out
     assert out["left"] == [] and not out["up"] and out["head"], out
 

@@ -13,7 +13,18 @@ Which processes the head runs: the GCS, the raylet (with its dashboard and runti
 which it waits for) and the log monitor (workers' output still reaches the terminal). Not the
 API server (dashboard, job submission, state API) that ray 2.60 starts even with
 `include_dashboard=False` and waits for, nor the autoscaler monitor: a run's own one-machine
-Ray uses neither, and they took ~1.8 s of CPU."""
+Ray uses neither, and they took ~1.8 s of CPU.
+
+Three more things keep Ray's own start off the run's critical path on a small machine:
+- **The agents' ports are chosen here.** The raylet registers, and starts its workers, only once
+  its agents have written the ports they bound, ~1.7 s of importing later; told the ports up
+  front it does not wait. Free ports are picked by binding them and letting go (another process
+  taking one in between would fail that agent, not the run: the raylet does not need them).
+- **The agents and the log monitor yield** (nice 19): the driver and the hosts come first.
+- **Workers are forked warm** (rayfl.engine.worker_fork, through rayfl.engine.worker_launch):
+  one process imports Ray, torch and rayfl while the run loads its config, and every worker is
+  forked from it instead of importing them all again, twice per worker with Ray's own
+  `setup_worker.py`."""
 
 from __future__ import annotations
 
@@ -21,15 +32,92 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
+import socket
+import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 # What every host imports before its first call; Ray's idle workers (one per CPU, started with
 # the node, and the hosts become them) import these while the run is still busy. A worker that
 # cannot (an unusual sys.path) logs the error to its own log and starts as usual.
 HOST_MODULES = ("torch", "rayfl.engine.host", "rayfl.algorithms")
+NICE_AGENTS = ("nice", "-n", "19")  # the raylet's agents and the log monitor: after the run's own work
+FORK_SOCKET_ENV = "RAYFL_WORKER_FORK"  # read by rayfl.engine.worker_launch in every worker
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct TCP ports free right now (bound, noted, released)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+@contextlib.contextmanager
+def raylet_told_its_agents(listen_port: int) -> Iterator[None]:
+    """While the node starts: the raylet's command gets the dashboard agent's HTTP port (Ray's
+    own start passes it to the agent only, so the raylet waits for the agent to report it), and
+    both agents start under `nice`."""
+    import ray._private.services as services
+    from ray._private import ray_constants
+
+    plain = services.start_ray_process
+
+    def start_ray_process(command: list[str], process_type: str, *args: Any, **kwargs: Any) -> Any:
+        if process_type == ray_constants.PROCESS_TYPE_RAYLET:
+            prefix = " ".join(NICE_AGENTS) + " "
+            command = [
+                a.replace("--dashboard_agent_command=", "--dashboard_agent_command=" + prefix, 1)
+                 .replace("--runtime_env_agent_command=", "--runtime_env_agent_command=" + prefix, 1)
+                for a in command
+            ] + [f"--dashboard_agent_listen_port={listen_port}"]
+        return plain(command, process_type, *args, **kwargs)
+
+    services.start_ray_process = start_ray_process
+    try:
+        yield
+    finally:
+        services.start_ray_process = plain
+
+
+def start_fork_server(directory: Path) -> subprocess.Popen[bytes]:
+    """The process the head's workers are forked from; its socket goes to the raylet (and so to
+    every worker launcher) through the environment."""
+    path = str(directory / "fork.sock")
+    os.environ[FORK_SOCKET_ENV] = path
+    return subprocess.Popen([sys.executable, "-m", "rayfl.engine.worker_fork", "--socket", path],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+
+
+def gpu_machine(num_gpus: int | None) -> bool:
+    """Whether the head may have GPUs: its workers are then exec'd as Ray does. A worker forked
+    after torch's import initialises CUDA itself, which should work, but it is untested on a GPU."""
+    return bool(num_gpus) or (num_gpus is None and Path("/dev/nvidiactl").exists())
+
+
+def tell_fork_server(server: subprocess.Popen[bytes], node: Any) -> None:
+    """Ray's internal flags that the head's prestarted workers get from their raylet: the fork
+    server sets them before it imports Ray, which reads them once."""
+    from ray._private import ray_constants
+
+    raylet = node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
+    flags = {"RAY_RAYLET_PID": str(raylet), "RAY_JOB_ID": "ffffffff"}  # no job yet: the nil JobID
+    assert server.stdin is not None
+    with contextlib.suppress(OSError):
+        server.stdin.write((json.dumps(flags) + "\n").encode())
+        server.stdin.close()
 
 
 def start_node(num_cpus: int | None, num_gpus: int | None) -> Any:
@@ -40,14 +128,26 @@ def start_node(num_cpus: int | None, num_gpus: int | None) -> Any:
         def start_api_server(self, *, include_dashboard: bool | None, raise_on_failure: bool) -> None:
             """No dashboard, no job submission, no state API: nothing a local run reads."""
 
+    metrics_agent, metrics_export, runtime_env_agent, agent_listen = free_ports(4)
     # enable_worker_prestart: the idle workers start as soon as the raylet registers, not when
     # the first driver connects (~1 s sooner on 2 cores)
     params = RayParams(
         num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, no_monitor=True,
+        metrics_agent_port=metrics_agent, metrics_export_port=metrics_export,
+        runtime_env_agent_port=runtime_env_agent, dashboard_agent_listen_port=agent_listen,
+        setup_worker_path=str(Path(__file__).with_name("worker_launch.py")),
         _system_config={"preload_python_modules": list(HOST_MODULES), "enable_worker_prestart": True},
     )
     # spawn_reaper: Ray's reaper kills the head's processes should this process die uncleanly
-    return HeadWithoutApiServer(params, head=True, shutdown_at_exit=False, spawn_reaper=True)
+    with raylet_told_its_agents(agent_listen):
+        node = HeadWithoutApiServer(params, head=True, shutdown_at_exit=False, spawn_reaper=True)
+    import psutil
+    from ray._private import ray_constants
+
+    for info in node.all_processes.get(ray_constants.PROCESS_TYPE_LOG_MONITOR, []):
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(info.process.pid).nice(19)
+    return node
 
 
 def kill_tree(root_pid: int, include_root: bool) -> None:
@@ -99,8 +199,13 @@ def _alive(proc: Any) -> bool:
         return False
 
 
+_scratch: Path | None = None  # this process's temporary directory (the fork server's socket)
+
+
 def on_sigterm(signum: int, frame: Any) -> None:
     kill_tree(os.getpid(), include_root=False)
+    if _scratch is not None:
+        shutil.rmtree(_scratch, ignore_errors=True)
     os._exit(0)
 
 
@@ -108,10 +213,25 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--num-cpus", type=int, default=None)
     p.add_argument("--num-gpus", type=int, default=None)
+    p.add_argument("--no-fork", action="store_true", help="workers exec'd as Ray does, not forked warm")
     args = p.parse_args(argv)
+    global _scratch
+    _scratch = Path(tempfile.mkdtemp(prefix="rayfl-fork-"))  # short: a Unix socket's path is limited
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
+        return serve(args, _scratch)
+    finally:
+        shutil.rmtree(_scratch, ignore_errors=True)
+
+
+def serve(args: argparse.Namespace, scratch: Path) -> int:
+    """Start the head (and its fork server), answer, hold it until stdin closes, stop it."""
+    forked = not args.no_fork and not gpu_machine(args.num_gpus)
+    fork_server = start_fork_server(scratch) if forked else None  # first: its imports overlap Ray's start
+    try:
         node = start_node(args.num_cpus, args.num_gpus)
+        if fork_server is not None:
+            tell_fork_server(fork_server, node)
     except Exception as e:  # noqa: BLE001 - told to the run, which raises it
         kill_tree(os.getpid(), include_root=False)
         print(json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)

@@ -18,6 +18,7 @@ A Ray that the run joined (`engine.address`, RAY_ADDRESS) is not configured, onl
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from typing import Any
@@ -26,6 +27,8 @@ from rayfl.engine.head_process import kill_tree
 
 INIT_ONLY = ("logging_level", "log_to_driver")  # ray.init settings, not the head's
 STOP_TIMEOUT = 30.0  # seconds for the head's process to kill Ray's and exit
+# "off": the head's workers are exec'd as Ray does, not forked warm (rayfl.engine.worker_fork)
+FORK_WORKERS_ENV = "RAYFL_FORK_WORKERS"
 
 
 class HeadStartError(RuntimeError):
@@ -41,6 +44,8 @@ class LocalHead:
             cmd += ["--num-cpus", str(int(num_cpus))]
         if num_gpus is not None:
             cmd += ["--num-gpus", str(int(num_gpus))]
+        if os.environ.get(FORK_WORKERS_ENV, "").strip().lower() in ("off", "0", "false", "no"):
+            cmd += ["--no-fork"]
         # its own session: Ctrl-C in the terminal reaches the run (which stops after the round
         # and then stops the head), not the head under it
         self.process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,

@@ -1,0 +1,226 @@
+"""`python -m rayfl.engine.worker_fork --socket PATH`: Ray workers forked from one warm process.
+
+Each Ray worker is a fresh interpreter that imports Ray, and each host then imports torch and
+rayfl: ~3.5 s of CPU per host on this 2-core machine, twice before a 2-host run's first round,
+beside the driver's own torch import. This process imports all of it once, while the run loads
+its config, and forks every worker of the head rayfl started from that state: a worker is ready
+as soon as it is forked, and the imports' CPU is spent once, not once per worker.
+
+The raylet still launches and tracks each worker as usual; what it launches is
+rayfl.engine.worker_launch (the head's `setup_worker_path`), which asks this process over a
+Unix socket for a fork with its arguments, environment, working directory and standard streams,
+then stands in for the forked worker: it forwards signals to it, exits with its exit status, and
+its death (the raylet killing it) kills the worker. The worker registers with the raylet under
+its own pid, as a worker behind a shim does (a container runtime env does the same). Whatever
+cannot be served here (the process not running, a failed import, a request it cannot read)
+leaves the launcher to exec the worker itself, exactly as Ray would.
+
+Fork safety: nothing here starts a thread before forking except pyarrow's jemalloc background
+thread (jemalloc handles fork), and OpenBLAS is held to one thread (its pool would not survive
+a fork); torch's and Ray's own threads start in the worker, after the fork. CUDA is never
+initialised here."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import threading
+from typing import Any
+
+from rayfl.engine.worker_launch import receive_message, send_message
+
+
+def preload_hosts() -> None:
+    """What every host imports: torch and rayfl (none of it imports Ray)."""
+    from rayfl.engine.head_process import HOST_MODULES
+
+    for name in HOST_MODULES:
+        __import__(name)
+
+
+def preload_ray(flags: dict[str, str]) -> str:
+    """Ray's worker entry point and its imports; returns the path of its default_worker.py.
+    Ray reads its internal flags (the raylet's pid, the worker's job) from the environment once,
+    as `ray._raylet` loads, so they are set first: the head's, which every worker it prestarts
+    shares; a worker that needs others is not forked (`ForkServer.refusal`)."""
+    os.environ.update(flags)
+    import ray._private.workers.default_worker as default_worker  # its __main__ part runs in a fork only
+
+    return str(default_worker.__file__)
+
+
+def run_worker(conn: socket.socket, listener: socket.socket, request: dict[str, Any], fds: list[int],
+               default_worker: str) -> None:
+    """In the forked child: become the worker the launcher would have exec'd, then exit."""
+    code = 1
+    try:
+        listener.close()
+        os.setsid()  # its own process group: Ray's per-worker group cleanup must not reach this process
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            if fd > 2:
+                os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(signum, signal.SIG_DFL)
+
+        def die_with_launcher() -> None:
+            """The launcher is the process the raylet knows: when it goes, so does the worker."""
+            with contextlib.suppress(OSError):
+                while conn.recv(1):
+                    pass
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        threading.Thread(target=die_with_launcher, name="rayfl-launcher-watch", daemon=True).start()
+        sys.argv = list(request["argv"])
+        sys.path[0] = os.path.dirname(default_worker)
+        import runpy
+
+        runpy.run_path(default_worker, run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # noqa: BLE001 - reported on the worker's stderr, as an exec'd worker's would be
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(BaseException):
+            import atexit
+
+            atexit._run_exitfuncs()
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+class ForkServer:
+    """Accepts launchers' requests, forks a worker for each, and tells each launcher its worker's
+    pid and, later, its exit status."""
+
+    def __init__(self, listener: socket.socket, default_worker: str, flags: dict[str, str]):
+        self.listener = listener
+        self.default_worker = default_worker
+        self.flags = flags
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(listener, selectors.EVENT_READ)
+        self.children: dict[int, socket.socket] = {}  # worker pid -> its launcher's connection
+
+    def serve(self) -> None:
+        while True:
+            for key, _ in self.selector.select(timeout=0.1):
+                if key.fileobj is self.listener:
+                    self.accept()
+                else:
+                    self.launcher_gone(key.fileobj)  # type: ignore[arg-type]
+            self.reap()
+
+    def accept(self) -> None:
+        conn, _ = self.listener.accept()
+        try:
+            request, fds = receive_message(conn)
+        except (OSError, EOFError, ValueError):
+            conn.close()
+            return
+        why = self.refusal(request)
+        if why is not None:
+            with contextlib.suppress(OSError):
+                send_message(conn, {"refused": why})
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            return
+        pid = os.fork()
+        if pid == 0:
+            self.selector.close()
+            for other in self.children.values():
+                other.close()
+            run_worker(conn, self.listener, request, fds, self.default_worker)
+        for fd in fds:
+            os.close(fd)
+        try:
+            send_message(conn, {"pid": pid})
+        except OSError:
+            os.kill(pid, signal.SIGKILL)
+        self.children[pid] = conn
+        self.selector.register(conn, selectors.EVENT_READ)
+
+    def refusal(self, request: Any) -> str | None:
+        """Why this request cannot be forked (the launcher then execs the worker), or None."""
+        from ray._private.ray_constants import RAY_INTERNAL_FLAGS
+
+        if not isinstance(request, dict) or not {"argv", "env", "cwd"} <= set(request):
+            return "malformed request"
+        env = request["env"]
+        for name in RAY_INTERNAL_FLAGS:
+            if env.get(name) != self.flags.get(name, os.environ.get(name)):
+                return f"{name} differs from this server's"
+        return None
+
+    def launcher_gone(self, conn: socket.socket) -> None:
+        """A launcher's connection became readable: it has nothing to say, so it is gone (its
+        worker sees the same and kills itself); stop listening to it."""
+        with contextlib.suppress(OSError):
+            if conn.recv(1):
+                return
+        self.selector.unregister(conn)
+        conn.close()
+        for pid, other in list(self.children.items()):
+            if other is conn:
+                self.children[pid] = None  # type: ignore[assignment]
+
+    def reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.children.pop(pid, None)
+            if conn is None:
+                continue
+            with contextlib.suppress(OSError):
+                send_message(conn, {"exit": os.waitstatus_to_exitcode(status)})
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(conn)
+            conn.close()
+
+
+def die_with_parent() -> None:
+    """Linux: SIGKILL this process when the head's process (its parent) dies."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--socket", required=True, help="Unix socket path to listen on")
+    args = p.parse_args(argv)
+    die_with_parent()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(args.socket)
+    listener.listen(64)  # launchers that come while the imports run wait in the backlog
+    preload_hosts()
+    line = sys.stdin.readline()  # the head's internal flags, once its raylet runs
+    if not line:
+        return 0  # the head did not start
+    flags = {str(k): str(v) for k, v in json.loads(line).items()}
+    ForkServer(listener, preload_ray(flags), flags).serve()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads OpenBLAS: no pool to lose in a fork
+    sys.exit(main())
