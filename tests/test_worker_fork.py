@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from rayfl.engine.worker_launch import direct_command, forkable, receive_message, send_message
+from rayfl.engine.worker_launch import (
+    direct_command,
+    forkable,
+    receive_message,
+    run_forked,
+    send_message,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = ["/ray/_private/workers/default_worker.py", "--node-ip-address=1.2.3.4", "--language-server=x"]
@@ -53,6 +59,34 @@ def test_messages_carry_json_and_file_descriptors(tmp_path):
     with pytest.raises(EOFError):
         receive_message(right)
     right.close()
+
+
+def test_the_launcher_execs_its_worker_when_no_server_forks_it(tmp_path):
+    """No server at the socket, or a refusal: nothing was started, so the launcher execs."""
+    import threading
+
+    assert run_forked(str(tmp_path / "absent.sock"), WORKER) is None
+    path = str(tmp_path / "refusing.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    seen = []
+
+    def refuse() -> None:
+        conn, _ = listener.accept()
+        request, fds = receive_message(conn)
+        seen.append((request["argv"], len(fds)))
+        for fd in fds:
+            os.close(fd)
+        send_message(conn, {"refused": "RAY_JOB_ID differs"})
+        conn.close()
+
+    server = threading.Thread(target=refuse)
+    server.start()
+    assert run_forked(path, WORKER) is None
+    server.join(timeout=10)
+    listener.close()
+    assert seen == [(WORKER, 3)]  # the worker's argv and its three standard streams
 
 
 def test_a_worker_with_other_internal_flags_is_not_forked():

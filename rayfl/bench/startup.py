@@ -151,6 +151,11 @@ def run_startup_bench(workload: str, rounds: int, repeat: int, out: Path, extra:
             "rounds_seconds": "hosts ready to the last round's row (final evaluation included)",
             "outside_rounds_seconds": "total_seconds - rounds_seconds",
             "rounds_seconds_table": "the rounds table's last wall_time (counts from the Federation's creation)",
+            "cpu_seconds": ("CPU of the run's process and of the descendants reaped through their parents "
+                            "(RUSAGE_CHILDREN). Not comparable between worker modes: forked workers (the "
+                            "default) count when they end before the head is stopped, rounds included, and "
+                            "not otherwise; Ray's exec'd workers never do (the raylet ignores SIGCHLD, which "
+                            "discards their usage)"),
             "phases": PHASES,
         },
         **{k: v for k, v in median.items() if k != "run_dir"},

@@ -9,8 +9,8 @@ Being a process of its own is the point: it imports Ray and starts the head on t
 while the run's process imports torch and loads its config. A thread in the run's process
 did the same under the GIL, and both took longer (measured: config 2.7 -> 4.5 s).
 
-Which processes the head runs: the GCS, the raylet (with its dashboard and runtime-env agents,
-which it waits for) and the log monitor (workers' output still reaches the terminal). Not the
+Which processes the head runs: the GCS, the raylet (with its dashboard and runtime-env agents)
+and the log monitor (workers' output still reaches the terminal). Not the
 API server (dashboard, job submission, state API) that ray 2.60 starts even with
 `include_dashboard=False` and waits for, nor the autoscaler monitor: a run's own one-machine
 Ray uses neither, and they took ~1.8 s of CPU.
@@ -18,8 +18,9 @@ Ray uses neither, and they took ~1.8 s of CPU.
 Three more things keep Ray's own start off the run's critical path on a small machine:
 - **The agents' ports are chosen here.** The raylet registers, and starts its workers, only once
   its agents have written the ports they bound, ~1.7 s of importing later; told the ports up
-  front it does not wait. Free ports are picked by binding them and letting go (another process
-  taking one in between would fail that agent, not the run: the raylet does not need them).
+  front it does not wait. Free ports are picked by binding them and letting go; should another
+  process take one in between, that agent fails to start and the run goes on without it (tried:
+  the raylet and its workers carried on).
 - **The agents and the log monitor yield** (nice 19): the driver and the hosts come first.
 - **Workers are forked warm** (rayfl.engine.worker_fork, through rayfl.engine.worker_launch):
   one process imports Ray, torch and rayfl while the run loads its config, and every worker is
@@ -77,7 +78,7 @@ def raylet_told_its_agents(listen_port: int) -> Iterator[None]:
 
     def start_ray_process(command: list[str], process_type: str, *args: Any, **kwargs: Any) -> Any:
         if process_type == ray_constants.PROCESS_TYPE_RAYLET:
-            prefix = " ".join(NICE_AGENTS) + " "
+            prefix = " ".join(NICE_AGENTS) + " " if shutil.which(NICE_AGENTS[0]) else ""
             command = [
                 a.replace("--dashboard_agent_command=", "--dashboard_agent_command=" + prefix, 1)
                  .replace("--runtime_env_agent_command=", "--runtime_env_agent_command=" + prefix, 1)

@@ -9,8 +9,10 @@ and serial with the driver's own work. Now:
   before it loads the config: Ray starts on the other core while the driver imports torch and
   the algorithms. A mistake found meanwhile stops the head at once (`discard_head`): the user
   reads the same one line, and nothing is left running.
-- **Idle workers preloaded.** Ray starts one idle worker per CPU with the node, and the hosts
-  become those workers; they import torch and rayfl while the driver is still busy.
+- **Idle workers, forked warm.** Ray starts one idle worker per CPU with the node, and the hosts
+  become those workers. They are forked from one process that imported Ray, torch and rayfl
+  while the driver was busy (rayfl.engine.worker_fork): one import of each, not one per host.
+  RAYFL_FORK_WORKERS=off has Ray exec them instead (they then import both themselves).
 
 The run then joins the head (`ray.init(address=...)`) and, at its end, disconnects and stops it.
 A Ray that the run joined (`engine.address`, RAY_ADDRESS) is not configured, only left."""

@@ -113,7 +113,8 @@ class ForkServer:
         self.flags = flags
         self.selector = selectors.DefaultSelector()
         self.selector.register(listener, selectors.EVENT_READ)
-        self.children: dict[int, socket.socket] = {}  # worker pid -> its launcher's connection
+        # worker pid -> its launcher's connection (None once the launcher is gone)
+        self.children: dict[int, socket.socket | None] = {}
 
     def serve(self) -> None:
         while True:
@@ -127,7 +128,9 @@ class ForkServer:
     def accept(self) -> None:
         conn, _ = self.listener.accept()
         try:
+            conn.settimeout(10.0)  # a launcher sends its request at once; nothing else may hold the server
             request, fds = receive_message(conn)
+            conn.settimeout(None)
         except (OSError, EOFError, ValueError):
             conn.close()
             return
@@ -143,7 +146,8 @@ class ForkServer:
         if pid == 0:
             self.selector.close()
             for other in self.children.values():
-                other.close()
+                if other is not None:
+                    other.close()
             run_worker(conn, self.listener, request, fds, self.default_worker)
         for fd in fds:
             os.close(fd)
@@ -176,7 +180,7 @@ class ForkServer:
         conn.close()
         for pid, other in list(self.children.items()):
             if other is conn:
-                self.children[pid] = None  # type: ignore[assignment]
+                self.children[pid] = None
 
     def reap(self) -> None:
         while self.children:
@@ -209,15 +213,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--socket", required=True, help="Unix socket path to listen on")
     args = p.parse_args(argv)
     die_with_parent()
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(args.socket)
-    listener.listen(64)  # launchers that come while the imports run wait in the backlog
-    preload_hosts()
-    line = sys.stdin.readline()  # the head's internal flags, once its raylet runs
-    if not line:
-        return 0  # the head did not start
-    flags = {str(k): str(v) for k, v in json.loads(line).items()}
-    ForkServer(listener, preload_ray(flags), flags).serve()
+    # Whatever fails before serving ends this process quietly: the launchers then find no server
+    # (or see it close) and exec their workers, which report such a failure in their own logs.
+    try:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(args.socket)
+        listener.listen(64)  # launchers that come while the imports run wait in the backlog
+        preload_hosts()
+        line = sys.stdin.readline()  # the head's internal flags, once its raylet runs
+        if not line:
+            return 0  # the head did not start
+        flags = {str(k): str(v) for k, v in json.loads(line).items()}
+        default_worker = preload_ray(flags)
+    except Exception:  # noqa: BLE001 - see above
+        return 1
+    ForkServer(listener, default_worker, flags).serve()
     return 0
 
 
