@@ -103,7 +103,8 @@ def test_a_worker_with_other_internal_flags_is_not_forked():
 
 # A head as `rayfl run` starts it. Its workers are forked by its fork server and their launchers
 # are the processes the raylet knows; a worker whose runtime_env sets variables goes through
-# Ray's own setup script and is exec'd. Killing a launcher kills its worker; killing a worker ends
+# Ray's own setup script, and one started later for the job is refused by the server: both are
+# exec'd. Killing a launcher kills its worker; killing a worker ends
 # its launcher; stopping the head leaves nothing.
 FORKED = """
 import json, os, sys, time
@@ -114,12 +115,18 @@ local_ray.start_local_ray(num_cpus=2, logging_level="ERROR")
 HELPER = local_ray._head.process.pid
 helper = psutil.Process(HELPER)
 
+def alive(p):
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:  # gone, also between two calls
+        return False
+
 def role(p):
     cmd = p.cmdline()
     return ("server" if "rayfl.engine.worker_fork" in cmd and p.ppid() == HELPER else
             "launcher" if len(cmd) > 1 and cmd[1].endswith("worker_launch.py") else "other")
 
-@ray.remote(num_cpus=0.5)  # three of them on 2 CPUs
+@ray.remote(num_cpus=0.5)  # four of them on 2 CPUs
 class Probe:
     def where(self):
         me = psutil.Process()
@@ -129,6 +136,8 @@ class Probe:
 forked = [Probe.remote() for _ in range(2)]
 plain = Probe.options(runtime_env={"env_vars": {"PROBE_VAR": "set"}}).remote()
 info = ray.get([p.where.remote() for p in [*forked, plain]])
+late = Probe.remote()  # a worker started for the job, not prestarted: its flags differ
+info.append(ray.get(late.where.remote()))
 tree = helper.children(recursive=True)
 launchers = [p for p in tree if role(p) == "launcher"]
 
@@ -136,23 +145,25 @@ launchers = [p for p in tree if role(p) == "launcher"]
 victim = psutil.Process(info[0]["pid"])
 victim.kill()
 deadline = time.time() + 20
-while time.time() < deadline and sum(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in launchers) == len(launchers):
+while time.time() < deadline and sum(alive(p) for p in launchers) == len(launchers):
     time.sleep(0.1)
-launchers_after_kill = sum(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in launchers)
+launchers_after_kill = sum(alive(p) for p in launchers)
 
 # a launcher killed: its worker goes too
 other = psutil.Process(info[1]["pid"])
 for p in launchers:
-    if p.is_running():
+    try:
         p.kill()
+    except psutil.Error:
+        pass
 deadline = time.time() + 20
-while time.time() < deadline and other.is_running() and other.status() != psutil.STATUS_ZOMBIE:
+while time.time() < deadline and alive(other):
     time.sleep(0.1)
-orphan_alive = other.is_running() and other.status() != psutil.STATUS_ZOMBIE
+orphan_alive = alive(other)
 
 tree = helper.children(recursive=True)
 local_ray.stop_ray()
-left = [p.pid for p in [helper, *tree] if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+left = [p.pid for p in [helper, *tree] if alive(p)]
 print(json.dumps({"info": info, "launchers": len(launchers), "launchers_after_kill": launchers_after_kill,
                   "orphan_alive": orphan_alive, "left": left}))
 """
@@ -164,10 +175,11 @@ def test_workers_are_forked_warm_and_live_and_die_with_their_launchers():
                           env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    forked, plain = out["info"][:2], out["info"][2]
+    forked, plain, late = out["info"][:2], out["info"][2], out["info"][3]
     assert all(w["parent"] == "server" and w["torch"] for w in forked), out
     assert {w["job"] for w in forked} == {"ffffffff"}  # the prestarted workers, as Ray's own have it
     assert plain["parent"] != "server" and plain["var"] == "set", out  # exec'd through Ray's setup script
+    assert late["parent"] != "server" and late["job"] not in (None, "ffffffff"), out  # refused, exec'd
     assert out["launchers"] == 2, out  # the exec'd worker is no launcher any more
     assert out["launchers_after_kill"] < out["launchers"], out
     assert not out["orphan_alive"], out
