@@ -180,8 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one command. A user mistake (bad config value or file, unreadable data or trace, a
     resource request the cluster cannot meet, a taken run id) is one line on stderr and exit
-    status 2, wherever it is found, Ray started or not; anything else is a bug and keeps its
-    traceback."""
+    status 2, wherever it is found, Ray started or not; a local Ray that does not start is one
+    line and status 1; anything else is a bug and keeps its traceback."""
     args = build_parser().parse_args(argv)
     early_head = argv is None and args.command == "run" and will_start_local_ray(args)
     if early_head:  # Ray starts beside the config's loading (engine/local_ray.py)
@@ -196,6 +196,14 @@ def main(argv: list[str] | None = None) -> int:
     except user_errors() as e:
         print(f"rayfl: error: {one_line(e)}", file=sys.stderr)
         return 2
+    except Exception as e:
+        # the local Ray head did not start (an unusable RAY_TMPDIR, Ray failing on this machine):
+        # not a bug of rayfl's, so one line too, with the reason Ray gave; status 1, not 2
+        local_ray = sys.modules.get("rayfl.engine.local_ray")
+        if local_ray is None or not isinstance(e, local_ray.HeadStartError):
+            raise
+        print(f"rayfl: error: {one_line(e)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as e:
         # a RunInterrupted (a stop was asked for) exists only once the engine is imported:
         # looked up here, it spares commands that run nothing (`report`) torch's import

@@ -226,3 +226,18 @@ def test_a_mistake_after_the_early_head_started_stops_it_at_once():
     assert len(errors) == 1 and "algorithm.lr" in errors[0], proc.stderr
     assert out["heads"] == 1 and out["left"] == [], out
     assert out["stop_seconds"] < 5.0, out
+
+
+def test_a_local_ray_that_does_not_start_is_one_line_and_status_1(tmp_path):
+    """Not a bug of rayfl's (here an unusable RAY_TMPDIR): the reason Ray gave, on one line."""
+    import os
+
+    env = {**os.environ, "RAY_TMPDIR": "/proc/no-such-dir"}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, "-m", "rayfl.cli", "run", "--quiet", "--set", "run.rounds=1",
+                           "--set", f"output.dir={tmp_path}"], capture_output=True, text=True, cwd=REPO,
+                          timeout=180, env=env)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("rayfl: error:")]
+    assert len(errors) == 1 and "did not start" in errors[0] and "/proc/no-such-dir" in errors[0], proc.stderr
