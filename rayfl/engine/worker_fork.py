@@ -3,8 +3,9 @@
 Each Ray worker is a fresh interpreter that imports Ray, and each host then imports torch and
 rayfl: ~3.5 s of CPU per host on this 2-core machine, twice before a 2-host run's first round,
 beside the driver's own torch import. This process imports all of it once, while the run loads
-its config, and forks every worker of the head rayfl started from that state: a worker is ready
-as soon as it is forked, and the imports' CPU is spent once, not once per worker.
+its config, and forks the head's prestarted workers from that state (the hosts become them): a
+worker is ready as soon as it is forked, and the imports' CPU is spent once, not once per worker.
+The head starts it only on a machine without GPUs (rayfl.engine.head_process.gpu_machine).
 
 The raylet still launches and tracks each worker as usual; what it launches is
 rayfl.engine.worker_launch (the head's `setup_worker_path`), which asks this process over a
@@ -12,8 +13,9 @@ Unix socket for a fork with its arguments, environment, working directory and st
 then stands in for the forked worker: it forwards signals to it, exits with its exit status, and
 its death (the raylet killing it) kills the worker. The worker registers with the raylet under
 its own pid, as a worker behind a shim does (a container runtime env does the same). Whatever
-cannot be served here (the process not running, a failed import, a request it cannot read)
-leaves the launcher to exec the worker itself, exactly as Ray would.
+cannot be served here (the process not running, a failed import, a request it cannot read, a
+worker with other internal flags than the prestarted ones) leaves the launcher to exec the
+worker itself, exactly as Ray would.
 
 Fork safety: nothing here starts a thread before forking except pyarrow's jemalloc background
 thread (jemalloc handles fork), and OpenBLAS is held to one thread (its pool would not survive
