@@ -33,6 +33,7 @@ import signal
 import socket
 import sys
 import threading
+import warnings
 from typing import Any
 
 from rayfl.engine.worker_launch import receive_message, send_message
@@ -144,7 +145,9 @@ class ForkServer:
                 os.close(fd)
             conn.close()
             return
-        pid = os.fork()
+        with warnings.catch_warnings():  # Python >= 3.12 warns of any thread (jemalloc's: see above)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
         if pid == 0:
             self.selector.close()
             for other in self.children.values():
