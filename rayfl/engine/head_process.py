@@ -48,8 +48,7 @@ from typing import Any
 # the node, and the hosts become them) import these while the run is still busy. A worker that
 # cannot (an unusual sys.path) logs the error to its own log and starts as usual.
 HOST_MODULES = ("torch", "rayfl.engine.host", "rayfl.algorithms")
-NICE_AGENTS = ("nice", "-n", "19")  # the raylet's agents and the log monitor: after the run's own work
-FORK_SOCKET_ENV = "RAYFL_WORKER_FORK"  # read by rayfl.engine.worker_launch in every worker
+AGENT_NICENESS = 19  # the raylet's agents and the log monitor: after the run's own work
 
 
 def free_ports(count: int) -> list[int]:
@@ -78,7 +77,7 @@ def raylet_told_its_agents(listen_port: int) -> Iterator[None]:
 
     def start_ray_process(command: list[str], process_type: str, *args: Any, **kwargs: Any) -> Any:
         if process_type == ray_constants.PROCESS_TYPE_RAYLET:
-            prefix = " ".join(NICE_AGENTS) + " " if shutil.which(NICE_AGENTS[0]) else ""
+            prefix = f"nice -n {AGENT_NICENESS} " if shutil.which("nice") else ""
             command = [
                 a.replace("--dashboard_agent_command=", "--dashboard_agent_command=" + prefix, 1)
                  .replace("--runtime_env_agent_command=", "--runtime_env_agent_command=" + prefix, 1)
@@ -96,6 +95,8 @@ def raylet_told_its_agents(listen_port: int) -> Iterator[None]:
 def start_fork_server(directory: Path) -> subprocess.Popen[bytes]:
     """The process the head's workers are forked from; its socket goes to the raylet (and so to
     every worker launcher) through the environment."""
+    from rayfl.engine.worker_launch import FORK_SOCKET_ENV  # the standard library only
+
     path = str(directory / "fork.sock")
     os.environ[FORK_SOCKET_ENV] = path
     return subprocess.Popen([sys.executable, "-m", "rayfl.engine.worker_fork", "--socket", path],
@@ -147,7 +148,7 @@ def start_node(num_cpus: int | None, num_gpus: int | None) -> Any:
 
     for info in node.all_processes.get(ray_constants.PROCESS_TYPE_LOG_MONITOR, []):
         with contextlib.suppress(psutil.Error):
-            psutil.Process(info.process.pid).nice(19)
+            psutil.Process(info.process.pid).nice(AGENT_NICENESS)
     return node
 
 

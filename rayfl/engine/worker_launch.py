@@ -30,7 +30,7 @@ import struct
 import sys
 from typing import Any
 
-FORK_SOCKET_ENV = "RAYFL_WORKER_FORK"
+FORK_SOCKET_ENV = "RAYFL_WORKER_FORK"  # the fork server's socket, set by rayfl.engine.head_process
 HEADER = struct.Struct("!I")  # a message: its length, then that much JSON
 MAX_FDS = 3  # sent with a request: the worker's stdin, stdout and stderr
 WAIT_FOR_SERVER = 30.0  # seconds for the server's imports and the fork; then the worker is exec'd
