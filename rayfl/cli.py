@@ -283,6 +283,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     mark("cli")  # the interpreter started and rayfl.cli imported
     cfg = _load(args)
     mark("config")
+    from rayfl.engine.local_ray import fork_workers_here
+
+    fork_workers_here()  # an early head's workers: forked from this process, now torch and rayfl are in
     from rayfl.progress import RoundProgress
     from rayfl.runner import build_dataset, check_address, run_experiment
 

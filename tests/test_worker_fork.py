@@ -101,6 +101,97 @@ def test_a_worker_with_other_internal_flags_is_not_forked():
     assert server.refusal({"argv": WORKER}) == "malformed request"
 
 
+def test_launchers_that_come_before_the_heads_flags_wait_for_them(tmp_path):
+    """The raylet may start its workers before the head has sent the fork server Ray's internal
+    flags: their requests are kept, in order, with their standard streams, and served after."""
+    from rayfl.engine.head_process import fork_socket
+    from rayfl.engine.worker_fork import tell_flags, wait_for_flags
+
+    listener, path = fork_socket(tmp_path)
+    launcher = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    launcher.connect(path)  # before anyone accepts: it waits in the backlog
+    send_message(launcher, {"argv": WORKER, "env": {}, "cwd": "/"}, [0, 1, 2])
+    stray = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stray.connect(path)
+    stray.close()  # connects and says nothing: skipped
+    tell_flags(path, {"RAY_RAYLET_PID": "41", "RAY_JOB_ID": "ffffffff"})
+    flags, early = wait_for_flags(listener)
+    assert flags == {"RAY_RAYLET_PID": "41", "RAY_JOB_ID": "ffffffff"}
+    assert [(request["argv"], len(fds)) for _, request, fds in early] == [(WORKER, 3)]
+    for conn, _, fds in early:
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+    launcher.close()
+    listener.close()
+    tell_flags(path, {"RAY_RAYLET_PID": "41"})  # nobody listening any more: no error, the workers are exec'd
+
+
+def test_the_fork_server_is_never_forked_from_a_process_that_imported_ray(tmp_path):
+    import ray  # noqa: F401 - its internal flags would be the driver's
+
+    from rayfl.engine.head_process import fork_socket
+    from rayfl.engine.worker_fork import fork_from_here
+
+    listener, _ = fork_socket(tmp_path)
+    with listener, pytest.raises(RuntimeError, match="before Ray is imported"):
+        fork_from_here(listener)
+
+
+# `rayfl run` starting its own Ray forks the workers' server from its own process once its
+# config is loaded: the hosts are children of that server (named rayfl-fork), a child of the
+# run's process, and nothing of either is left once the run's process has exited.
+WATCHED_RUN = """
+import json, os, subprocess, sys, time
+import psutil
+cmd, tmp = json.loads(sys.argv[1]), sys.argv[2]
+run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+hosts = {}
+while run.poll() is None:
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if p.info["cmdline"] and p.info["cmdline"][0].startswith("ray::ClientHost") and p.pid not in hosts:
+                server = p.parent()
+                hosts[p.pid] = [server.name(), server.ppid() == run.pid]
+        except (psutil.Error, TypeError):
+            pass
+    time.sleep(0.05)
+out, err = run.communicate()
+left, me = [], os.getpid()
+for p in psutil.process_iter(["pid", "name", "status"]):
+    try:
+        if p.pid != me and p.info["status"] != psutil.STATUS_ZOMBIE and p.environ().get("RAY_TMPDIR") == tmp:
+            left.append(" ".join(p.cmdline())[:200])
+    except psutil.Error:
+        pass
+print(json.dumps({"rc": run.returncode, "results": "results:" in out, "hosts": list(hosts.values()),
+                  "left": left, "err": err[-2000:]}))
+"""
+
+
+def test_a_runs_hosts_are_forked_from_its_own_process_and_go_with_it(tmp_path):
+    import shutil
+    import tempfile
+
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rf-"))  # short: Ray's socket paths live under it
+    sets = ["data.dataset=digits", "partition.method=iid", "partition.num_clients=20", "algorithm.clients_per_round=6",
+            "run.rounds=40", "model.name=mlp", "model.hidden=[16]", "engine.num_hosts=2", "engine.pool=off",
+            f"output.dir={tmp_path}"]
+    cmd = [sys.executable, "-m", "rayfl.cli", "run", "--quiet", *(a for s in sets for a in ("--set", s))]
+    env = {k: v for k, v in os.environ.items() if k not in ("RAYFL_FORK_WORKERS", "RAY_ADDRESS")}
+    env["RAY_TMPDIR"] = str(ray_tmp)
+    try:
+        proc = subprocess.run([sys.executable, "-c", WATCHED_RUN, json.dumps(cmd), str(ray_tmp)], capture_output=True,
+                              text=True, cwd=REPO, timeout=240, env=env)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["rc"] == 0 and out["results"], out["err"]
+    assert out["hosts"] == [["rayfl-fork", True], ["rayfl-fork", True]], out
+    assert out["left"] == [], out
+
+
 # A head as `rayfl run` starts it. Its workers are forked by its fork server and their launchers
 # are the processes the raylet knows; a worker whose runtime_env sets variables goes through
 # Ray's own setup script, and one started later for the job is refused by the server: both are

@@ -92,15 +92,24 @@ def raylet_told_its_agents(listen_port: int) -> Iterator[None]:
         services.start_ray_process = plain
 
 
-def start_fork_server(directory: Path) -> subprocess.Popen[bytes]:
-    """The process the head's workers are forked from; its socket goes to the raylet (and so to
-    every worker launcher) through the environment."""
-    from rayfl.engine.worker_launch import FORK_SOCKET_ENV  # the standard library only
-
+def fork_socket(directory: Path) -> tuple[socket.socket, str]:
+    """A listening Unix socket for a fork server, bound now so that launchers and the head can
+    connect before the server is there (they wait in its backlog), and its path."""
     path = str(directory / "fork.sock")
-    os.environ[FORK_SOCKET_ENV] = path
-    return subprocess.Popen([sys.executable, "-m", "rayfl.engine.worker_fork", "--socket", path],
-                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    return listener, path
+
+
+def start_fork_server(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The process the head's workers are forked from, for a head started on its own (a run's
+    early head has the run fork it: rayfl.engine.local_ray); it and its socket's path."""
+    listener, path = fork_socket(directory)
+    with listener:
+        server = subprocess.Popen([sys.executable, "-m", "rayfl.engine.worker_fork", "--fd", str(listener.fileno())],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=[listener.fileno()])
+    return server, path
 
 
 def gpu_machine(num_gpus: int | None) -> bool:
@@ -109,17 +118,15 @@ def gpu_machine(num_gpus: int | None) -> bool:
     return bool(num_gpus) or (num_gpus is None and Path("/dev/nvidiactl").exists())
 
 
-def tell_fork_server(server: subprocess.Popen[bytes], node: Any) -> None:
+def tell_fork_server(socket_path: str, node: Any) -> None:
     """Ray's internal flags that the head's prestarted workers get from their raylet: the fork
     server sets them before it imports Ray, which reads them once."""
     from ray._private import ray_constants
 
+    from rayfl.engine.worker_fork import tell_flags
+
     raylet = node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
-    flags = {"RAY_RAYLET_PID": str(raylet), "RAY_JOB_ID": "ffffffff"}  # no job yet: the nil JobID
-    assert server.stdin is not None
-    with contextlib.suppress(OSError):
-        server.stdin.write((json.dumps(flags) + "\n").encode())
-        server.stdin.close()
+    tell_flags(socket_path, {"RAY_RAYLET_PID": str(raylet), "RAY_JOB_ID": "ffffffff"})  # no job yet: the nil JobID
 
 
 def start_node(num_cpus: int | None, num_gpus: int | None) -> Any:
@@ -216,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-cpus", type=int, default=None)
     p.add_argument("--num-gpus", type=int, default=None)
     p.add_argument("--no-fork", action="store_true", help="workers exec'd as Ray does, not forked warm")
+    p.add_argument("--fork-on-gpu", action="store_true", help="workers forked warm on a machine with GPUs too")
+    p.add_argument("--fork-socket", default=None,
+                   help="the run serves the forks (rayfl.engine.local_ray): its server's socket, for the flags")
     args = p.parse_args(argv)
     global _scratch
     _scratch = Path(tempfile.mkdtemp(prefix="rayfl-fork-"))  # short: a Unix socket's path is limited
@@ -228,12 +238,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve(args: argparse.Namespace, scratch: Path) -> int:
     """Start the head (and its fork server), answer, hold it until stdin closes, stop it."""
-    forked = not args.no_fork and not gpu_machine(args.num_gpus)
-    fork_server = start_fork_server(scratch) if forked else None  # first: its imports overlap Ray's start
+    from rayfl.engine.worker_launch import FORK_SOCKET_ENV  # the standard library only
+
+    socket_path = args.fork_socket
+    if socket_path is None and not args.no_fork and (args.fork_on_gpu or not gpu_machine(args.num_gpus)):
+        _server, socket_path = start_fork_server(scratch)  # first: its imports overlap Ray's start
+    if socket_path is not None:
+        os.environ[FORK_SOCKET_ENV] = socket_path  # the raylet's, so every worker launcher's
     try:
         node = start_node(args.num_cpus, args.num_gpus)
-        if fork_server is not None:
-            tell_fork_server(fork_server, node)
+        if socket_path is not None:
+            tell_fork_server(socket_path, node)
     except Exception as e:  # noqa: BLE001 - told to the run, which raises it
         kill_tree(os.getpid(), include_root=False)
         print(json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)

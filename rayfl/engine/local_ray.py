@@ -10,8 +10,10 @@ and serial with the driver's own work. Now:
   the algorithms. A mistake found meanwhile stops the head at once (`discard_head`): the user
   reads the same one line, and nothing is left running.
 - **Idle workers, forked warm.** Ray starts one idle worker per CPU with the node, and the hosts
-  become those workers. They are forked from one process that imported Ray, torch and rayfl
-  while the driver was busy (rayfl.engine.worker_fork): one import of each, not one per host.
+  become those workers. They are forked from one process that has torch and rayfl imported
+  (rayfl.engine.worker_fork): one import of each, not one per host. For the early head that
+  process is a fork of the run's own, made once the config is loaded (`fork_workers_here`):
+  the driver imports torch and rayfl anyway, so only Ray is imported a second time.
   RAYFL_FORK_WORKERS=off has Ray exec them instead (they then import both themselves).
 
 The run then joins the head (`ray.init(address=...)`) and, at its end, disconnects and stops it.
@@ -19,17 +21,23 @@ A Ray that the run joined (`engine.address`, RAY_ADDRESS) is not configured, onl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
-from rayfl.engine.head_process import kill_tree
+from rayfl.engine.head_process import HOST_MODULES, fork_socket, gpu_machine, kill_tree
 
 INIT_ONLY = ("logging_level", "log_to_driver")  # ray.init settings, not the head's
 STOP_TIMEOUT = 30.0  # seconds for the head's process to kill Ray's and exit
-# "off": the head's workers are exec'd as Ray does, not forked warm (rayfl.engine.worker_fork)
+# "off": the head's workers are exec'd as Ray does, not forked warm (rayfl.engine.worker_fork);
+# "on": forked on a machine with GPUs too; unset ("auto"): forked unless the machine has GPUs
 FORK_WORKERS_ENV = "RAYFL_FORK_WORKERS"
 
 
@@ -37,17 +45,71 @@ class HeadStartError(RuntimeError):
     """The local head did not start; the message is its process's."""
 
 
+def fork_mode() -> str:
+    """RAYFL_FORK_WORKERS: "off" (Ray execs every worker), "on" (forked, on a machine with GPUs
+    too) or "auto" (the default: forked unless the machine has GPUs)."""
+    value = os.environ.get(FORK_WORKERS_ENV, "").strip().lower()
+    return "off" if value in ("off", "0", "false", "no") else "on" if value in ("on", "1", "true", "yes") else "auto"
+
+
+class DriverForkServer:
+    """The early head's fork server, forked from the run's own process once the config is loaded
+    (torch and rayfl imported, Ray not yet). Its socket is bound before the head starts, so the
+    head's flags and the workers' launchers wait in its backlog until it is forked."""
+
+    def __init__(self) -> None:
+        self.scratch = Path(tempfile.mkdtemp(prefix="rayfl-fork-"))  # short: a socket's path is limited
+        self.listener: socket.socket | None
+        self.listener, self.path = fork_socket(self.scratch)
+        self.pid: int | None = None
+
+    def start(self) -> None:
+        """Fork the server now, if this process still can be its template; otherwise close the
+        socket, and the workers' launchers exec them instead."""
+        if self.listener is None:
+            return
+        try:
+            if "ray" not in sys.modules:
+                for name in HOST_MODULES:
+                    __import__(name)
+                if "ray" not in sys.modules:  # none of them imports Ray
+                    from rayfl.engine.worker_fork import fork_from_here
+
+                    self.pid = fork_from_here(self.listener)
+        finally:
+            self.listener.close()
+            self.listener = None
+
+    def stop(self) -> None:
+        """Kill the server and the workers it forked, and wait for them."""
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
+        if self.pid is not None:
+            kill_tree(self.pid, include_root=True)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self.pid, 0)
+            self.pid = None
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
 class LocalHead:
     """A local Ray head held by a child process (`python -m rayfl.engine.head_process`)."""
 
-    def __init__(self, num_cpus: int | None = None, num_gpus: int | None = None):
+    def __init__(self, num_cpus: int | None = None, num_gpus: int | None = None,
+                 fork_server: DriverForkServer | None = None):
         cmd = [sys.executable, "-m", "rayfl.engine.head_process"]
         if num_cpus is not None:
             cmd += ["--num-cpus", str(int(num_cpus))]
         if num_gpus is not None:
             cmd += ["--num-gpus", str(int(num_gpus))]
-        if os.environ.get(FORK_WORKERS_ENV, "").strip().lower() in ("off", "0", "false", "no"):
+        if fork_mode() == "off":
             cmd += ["--no-fork"]
+        elif fork_server is not None:
+            cmd += ["--fork-socket", fork_server.path]
+        elif fork_mode() == "on":
+            cmd += ["--fork-on-gpu"]
+        self.fork_server = fork_server
         # its own session: Ctrl-C in the terminal reaches the run (which stops after the round
         # and then stops the head), not the head under it
         self.process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -70,6 +132,8 @@ class LocalHead:
     def stop(self) -> None:
         """Stop the head and wait for its processes to go (idempotent): at once, also while
         it is still starting."""
+        if self.fork_server is not None:  # its workers first: then the head's are all of Ray's
+            self.fork_server.stop()
         if self._answer is None and self.process.poll() is None:
             kill_tree(self.process.pid, include_root=True)  # still starting: all it started so far
         if self.process.stdin is not None and not self.process.stdin.closed:
@@ -87,10 +151,18 @@ _head: LocalHead | None = None  # the head this process started (at most one at 
 
 
 def start_early() -> None:
-    """Launch the head a `rayfl run` will need before the run loads its config."""
+    """Launch the head a `rayfl run` will need before the run loads its config; its workers
+    will be forked from this process (`fork_workers_here`), except on a machine with GPUs."""
     global _head
     if _head is None:
-        _head = LocalHead()
+        forked = fork_mode() == "on" or (fork_mode() == "auto" and not gpu_machine(None))
+        _head = LocalHead(fork_server=DriverForkServer() if forked else None)
+
+
+def fork_workers_here() -> None:
+    """Once the run's config is loaded: fork the early head's worker server from this process."""
+    if _head is not None and _head.fork_server is not None:
+        _head.fork_server.start()
 
 
 def discard_head() -> None:
@@ -105,6 +177,7 @@ def start_local_ray(**kwargs: Any) -> None:
     """Join a fresh local Ray (never whatever cluster /tmp/ray last pointed at): the early head
     if this process launched one, else a new one. `num_cpus` / `num_gpus` size a new head;
     the rest goes to `ray.init`."""
+    fork_workers_here()  # not forked yet (Ray imported first): its socket is closed, workers exec'd
     import ray
 
     global _head

@@ -1,11 +1,17 @@
-"""`python -m rayfl.engine.worker_fork --socket PATH`: Ray workers forked from one warm process.
+"""Ray workers forked from one warm process: the driver itself, or `python -m rayfl.engine.worker_fork`.
 
 Each Ray worker is a fresh interpreter that imports Ray, and each host then imports torch and
 rayfl: ~3.5 s of CPU per host on this 2-core machine, twice before a 2-host run's first round,
 beside the driver's own torch import. This process imports all of it once, while the run loads
 its config, and forks the head's prestarted workers from that state (the hosts become them): a
 worker is ready as soon as it is forked, and the imports' CPU is spent once, not once per worker.
-The head starts it only on a machine without GPUs (rayfl.engine.head_process.gpu_machine).
+It runs only on a machine without GPUs (rayfl.engine.head_process.gpu_machine), in one of two
+ways. `rayfl run` forks it from its own process once the config is loaded (`fork_from_here`):
+the driver has imported torch and rayfl by then, so the server starts with them and only imports
+Ray, ~2.7 s of CPU less on a machine whose start is CPU-bound. A head started on its own
+(`start_local_ray` in a program) launches it as `python -m rayfl.engine.worker_fork --fd N`.
+Either way it is handed a listening socket bound before the head started, and its first
+message there is the head's: Ray's internal flags (`{"flags": ...}`), sent once the raylet runs.
 
 The raylet still launches and tracks each worker as usual; what it launches is
 rayfl.engine.worker_launch (the head's `setup_worker_path`), which asks this process over a
@@ -20,13 +26,14 @@ worker itself, exactly as Ray would.
 Fork safety: nothing here starts a thread before forking except pyarrow's jemalloc background
 thread (jemalloc handles fork), and OpenBLAS is held to one thread (its pool would not survive
 a fork); torch's and Ray's own threads start in the worker, after the fork. CUDA is never
-initialised here."""
+initialised here. Forked from the driver, the server keeps none of the driver's threads (a fork
+copies only the calling one) and closes every file the driver had open but its listener and
+stderr: the head's pipes must see the driver's end alone."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import selectors
 import signal
@@ -129,14 +136,10 @@ class ForkServer:
             self.reap()
 
     def accept(self) -> None:
-        conn, _ = self.listener.accept()
-        try:
-            conn.settimeout(10.0)  # a launcher sends its request at once; nothing else may hold the server
-            request, fds = receive_message(conn)
-            conn.settimeout(None)
-        except (OSError, EOFError, ValueError):
-            conn.close()
-            return
+        if (received := receive_request(self.listener)) is not None:
+            self.handle(*received)
+
+    def handle(self, conn: socket.socket, request: Any, fds: list[int]) -> None:
         why = self.refusal(request)
         if why is not None:
             with contextlib.suppress(OSError):
@@ -205,35 +208,113 @@ class ForkServer:
             conn.close()
 
 
+def receive_request(listener: socket.socket) -> tuple[socket.socket, Any, list[int]] | None:
+    """The next connection and its message (with its file descriptors), or None if it sent none."""
+    conn, _ = listener.accept()
+    try:
+        conn.settimeout(10.0)  # a launcher sends its request at once; nothing else may hold the server
+        message, fds = receive_message(conn)
+        conn.settimeout(None)
+    except (OSError, EOFError, ValueError):
+        conn.close()
+        return None
+    return conn, message, fds
+
+
+def wait_for_flags(listener: socket.socket) -> tuple[dict[str, str], list[tuple[socket.socket, Any, list[int]]]]:
+    """The head's internal flags, its first message here once its raylet runs, and the
+    launchers' requests that came before them (the raylet may start its workers first)."""
+    early: list[tuple[socket.socket, Any, list[int]]] = []
+    while True:
+        if (received := receive_request(listener)) is None:
+            continue
+        conn, message, fds = received
+        if isinstance(message, dict) and isinstance(message.get("flags"), dict) and not fds:
+            conn.close()
+            return {str(k): str(v) for k, v in message["flags"].items()}, early
+        early.append(received)
+
+
+def tell_flags(socket_path: str, flags: dict[str, str]) -> None:
+    """The head's side: send its internal flags to the fork server listening at `socket_path`.
+    Nothing is listening (the run closed it, no server) is no error: workers are then exec'd."""
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(5.0)
+        conn.connect(socket_path)
+        send_message(conn, {"flags": flags})
+
+
+def serve(listener: socket.socket) -> int:
+    """Import what workers need (what is not imported yet), then fork a worker for each
+    launcher's request until killed. Whatever fails before serving ends this process quietly: the
+    launchers then see it close and exec their workers, which report such a failure in their
+    own logs."""
+    try:
+        preload_hosts()
+        flags, early = wait_for_flags(listener)
+        default_worker = preload_ray(flags)
+    except Exception:  # noqa: BLE001 - see above
+        return 1
+    server = ForkServer(listener, default_worker, flags)
+    for conn, request, fds in early:
+        server.handle(conn, request, fds)
+    server.serve()
+    return 0
+
+
 def die_with_parent() -> None:
-    """Linux: SIGKILL this process when the head's process (its parent) dies."""
+    """Linux: SIGKILL this process when its parent (the head's process, or the run's) dies."""
     with contextlib.suppress(Exception):
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        libc.prctl(15, b"rayfl-fork")  # PR_SET_NAME: how `ps -o comm` and psutil name it
+
+
+def fork_from_here(listener: socket.socket) -> int:
+    """Fork the server from this process, a `rayfl run` driver that has imported torch and rayfl
+    but not Ray (which would have read the driver's internal flags); returns its pid. The child
+    keeps the listener and stderr, nothing else of the driver's: its own session (Ctrl-C in the
+    terminal is the run's), default signal handlers, stdin and stdout on /dev/null, the other
+    files closed, BLAS on one thread, and it dies with the driver."""
+    if "ray" in sys.modules:
+        raise RuntimeError("the fork server must be forked before Ray is imported")
+    with warnings.catch_warnings():  # Python >= 3.12 warns of any thread (jemalloc's, OpenBLAS's)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        os.setsid()
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(signum, signal.SIG_DFL)
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        keep = listener.fileno()
+        os.closerange(3, keep)
+        os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+        die_with_parent()
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(1, user_api="blas")  # as in the server started on its own (OPENBLAS_NUM_THREADS)
+        code = serve(listener)
+    finally:
+        os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--socket", required=True, help="Unix socket path to listen on")
+    p.add_argument("--fd", type=int, required=True, help="a listening Unix socket inherited from the head")
     args = p.parse_args(argv)
     die_with_parent()
-    # Whatever fails before serving ends this process quietly: the launchers then find no server
-    # (or see it close) and exec their workers, which report such a failure in their own logs.
     try:
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(args.socket)
-        listener.listen(64)  # launchers that come while the imports run wait in the backlog
-        preload_hosts()
-        line = sys.stdin.readline()  # the head's internal flags, once its raylet runs
-        if not line:
-            return 0  # the head did not start
-        flags = {str(k): str(v) for k, v in json.loads(line).items()}
-        default_worker = preload_ray(flags)
-    except Exception:  # noqa: BLE001 - see above
+        listener = socket.socket(fileno=args.fd)
+    except OSError:
         return 1
-    ForkServer(listener, default_worker, flags).serve()
-    return 0
+    return serve(listener)
 
 
 if __name__ == "__main__":
