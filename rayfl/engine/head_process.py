@@ -112,12 +112,6 @@ def start_fork_server(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
     return server, path
 
 
-def gpu_machine(num_gpus: int | None) -> bool:
-    """Whether the head may have GPUs: its workers are then exec'd as Ray does. A worker forked
-    after torch's import initialises CUDA itself, which should work, but it is untested on a GPU."""
-    return bool(num_gpus) or (num_gpus is None and Path("/dev/nvidiactl").exists())
-
-
 def tell_fork_server(socket_path: str, node: Any) -> None:
     """Ray's internal flags that the head's prestarted workers get from their raylet: the fork
     server sets them before it imports Ray, which reads them once."""
@@ -223,7 +217,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-cpus", type=int, default=None)
     p.add_argument("--num-gpus", type=int, default=None)
     p.add_argument("--no-fork", action="store_true", help="workers exec'd as Ray does, not forked warm")
-    p.add_argument("--fork-on-gpu", action="store_true", help="workers forked warm on a machine with GPUs too")
     p.add_argument("--fork-socket", default=None,
                    help="the run serves the forks (rayfl.engine.local_ray): its server's socket, for the flags")
     args = p.parse_args(argv)
@@ -241,7 +234,7 @@ def serve(args: argparse.Namespace, scratch: Path) -> int:
     from rayfl.engine.worker_launch import FORK_SOCKET_ENV  # the standard library only
 
     socket_path = args.fork_socket
-    if socket_path is None and not args.no_fork and (args.fork_on_gpu or not gpu_machine(args.num_gpus)):
+    if socket_path is None and not args.no_fork:
         _server, socket_path = start_fork_server(scratch)  # first: its imports overlap Ray's start
     if socket_path is not None:
         os.environ[FORK_SOCKET_ENV] = socket_path  # the raylet's, so every worker launcher's

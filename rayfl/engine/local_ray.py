@@ -32,12 +32,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rayfl.engine.head_process import HOST_MODULES, fork_socket, gpu_machine, kill_tree
+from rayfl.engine.head_process import HOST_MODULES, fork_socket, kill_tree
 
 INIT_ONLY = ("logging_level", "log_to_driver")  # ray.init settings, not the head's
 STOP_TIMEOUT = 30.0  # seconds for the head's process to kill Ray's and exit
-# "off": the head's workers are exec'd as Ray does, not forked warm (rayfl.engine.worker_fork);
-# "on": forked on a machine with GPUs too; unset ("auto"): forked unless the machine has GPUs
+# "off": the head's workers are exec'd as Ray does, not forked warm (rayfl.engine.worker_fork)
 FORK_WORKERS_ENV = "RAYFL_FORK_WORKERS"
 
 
@@ -45,11 +44,8 @@ class HeadStartError(RuntimeError):
     """The local head did not start; the message is its process's."""
 
 
-def fork_mode() -> str:
-    """RAYFL_FORK_WORKERS: "off" (Ray execs every worker), "on" (forked, on a machine with GPUs
-    too) or "auto" (the default: forked unless the machine has GPUs)."""
-    value = os.environ.get(FORK_WORKERS_ENV, "").strip().lower()
-    return "off" if value in ("off", "0", "false", "no") else "on" if value in ("on", "1", "true", "yes") else "auto"
+def fork_workers_off() -> bool:
+    return os.environ.get(FORK_WORKERS_ENV, "").strip().lower() in ("off", "0", "false", "no")
 
 
 class DriverForkServer:
@@ -72,7 +68,11 @@ class DriverForkServer:
             if "ray" not in sys.modules:
                 for name in HOST_MODULES:
                     __import__(name)
-                if "ray" not in sys.modules:  # none of them imports Ray
+                import torch
+
+                # none of them imports Ray; and a CUDA this process has initialised (a user's
+                # algorithm module at import, say) would be unusable in the forked workers
+                if "ray" not in sys.modules and not torch.cuda.is_initialized():
                     from rayfl.engine.worker_fork import fork_from_here
 
                     self.pid = fork_from_here(self.listener)
@@ -103,12 +103,10 @@ class LocalHead:
             cmd += ["--num-cpus", str(int(num_cpus))]
         if num_gpus is not None:
             cmd += ["--num-gpus", str(int(num_gpus))]
-        if fork_mode() == "off":
+        if fork_workers_off():
             cmd += ["--no-fork"]
         elif fork_server is not None:
             cmd += ["--fork-socket", fork_server.path]
-        elif fork_mode() == "on":
-            cmd += ["--fork-on-gpu"]
         self.fork_server = fork_server
         # its own session: Ctrl-C in the terminal reaches the run (which stops after the round
         # and then stops the head), not the head under it
@@ -152,11 +150,10 @@ _head: LocalHead | None = None  # the head this process started (at most one at 
 
 def start_early() -> None:
     """Launch the head a `rayfl run` will need before the run loads its config; its workers
-    will be forked from this process (`fork_workers_here`), except on a machine with GPUs."""
+    will be forked from this process (`fork_workers_here`)."""
     global _head
     if _head is None:
-        forked = fork_mode() == "on" or (fork_mode() == "auto" and not gpu_machine(None))
-        _head = LocalHead(fork_server=DriverForkServer() if forked else None)
+        _head = LocalHead(fork_server=None if fork_workers_off() else DriverForkServer())
 
 
 def fork_workers_here() -> None:

@@ -5,8 +5,7 @@ rayfl: ~3.5 s of CPU per host on this 2-core machine, twice before a 2-host run'
 beside the driver's own torch import. This process imports all of it once, while the run loads
 its config, and forks the head's prestarted workers from that state (the hosts become them): a
 worker is ready as soon as it is forked, and the imports' CPU is spent once, not once per worker.
-It runs only on a machine without GPUs (rayfl.engine.head_process.gpu_machine), in one of two
-ways. `rayfl run` forks it from its own process once the config is loaded (`fork_from_here`):
+It runs in one of two ways. `rayfl run` forks it from its own process once the config is loaded (`fork_from_here`):
 the driver has imported torch and rayfl by then, so the server starts with them and only imports
 Ray, ~2.7 s of CPU less on a machine whose start is CPU-bound. A head started on its own
 (`start_local_ray` in a program) launches it as `python -m rayfl.engine.worker_fork --fd N`.
@@ -26,7 +25,9 @@ worker itself, exactly as Ray would.
 Fork safety: nothing here starts a thread before forking except pyarrow's jemalloc background
 thread (jemalloc handles fork), and OpenBLAS is held to one thread (its pool would not survive
 a fork); torch's and Ray's own threads start in the worker, after the fork. CUDA is never
-initialised here. Forked from the driver, the server keeps none of the driver's threads (a fork
+initialised here (a driver that has initialised it is not forked), so each worker initialises it
+itself: hosts sharing a GPU in forked workers gave the same tables as exec'd ones on an H200
+(docs/benchmarks.md, "startup", session 13). Forked from the driver, the server keeps none of the driver's threads (a fork
 copies only the calling one) and closes every file the driver had open but its listener and
 stderr: the head's pipes must see the driver's end alone."""
 
