@@ -170,8 +170,14 @@ helper = psutil.Process(local_ray._head.process.pid)
 def preloaded():
     return sorted(m for m in ("torch", "rayfl.engine.host", "rayfl.algorithms") if m in sys.modules)
 
+@ray.remote(num_cpus=1)
+def shout():
+    print("a worker's line for the terminal")
+
 time.sleep(1)
 mods = ray.get(preloaded.remote())
+ray.get(shout.remote())
+time.sleep(1.5)  # the log monitor reads the worker's file every 0.1 s; the driver prints what it publishes
 tree = helper.children(recursive=True)
 kinds = sorted({kind(p) for p in tree})
 local_ray.stop_ray()
@@ -185,10 +191,11 @@ def test_local_ray_is_a_lean_head_with_preloaded_workers_and_leaves_nothing():
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["preloaded"] == ["rayfl.algorithms", "rayfl.engine.host", "torch"]
-    # the agents (niced: they may not have set their titles yet) and the workers' fork server
-    assert {"gcs", "raylet", "log_monitor", "dashboard_agent", "runtime_env_agent", "worker",
-            "fork_server"} <= set(out["kinds"]), out
-    assert not {"api_server", "autoscaler"} & set(out["kinds"]), out
+    # the agents (niced: they may not have set their titles yet) and the workers' fork server;
+    # the log monitor is a thread of the head's process, and workers' output still reaches the run
+    assert {"gcs", "raylet", "dashboard_agent", "runtime_env_agent", "worker", "fork_server"} <= set(out["kinds"]), out
+    assert not {"api_server", "autoscaler", "log_monitor"} & set(out["kinds"]), out
+    assert "a worker's line for the terminal" in proc.stdout + proc.stderr
     assert out["left"] == [] and not out["up"] and out["head"], out
 
 

@@ -10,7 +10,8 @@ while the run's process imports torch and loads its config. A thread in the run'
 did the same under the GIL, and both took longer (measured: config 2.7 -> 4.5 s).
 
 Which processes the head runs: the GCS, the raylet (with its dashboard and runtime-env agents)
-and the log monitor (workers' output still reaches the terminal). Not the
+and, as a thread of this process, the log monitor (workers' output still reaches the
+terminal). Not the
 API server (dashboard, job submission, state API) that ray 2.60 starts even with
 `include_dashboard=False` and waits for, nor the autoscaler monitor: a run's own one-machine
 Ray uses neither, and they took ~1.8 s of CPU.
@@ -21,7 +22,8 @@ Three more things keep Ray's own start off the run's critical path on a small ma
   front it does not wait. Free ports are picked by binding them and letting go; should another
   process take one in between, that agent fails to start and the run goes on without it (tried:
   the raylet and its workers carried on).
-- **The agents and the log monitor yield** (nice 19): the driver and the hosts come first.
+- **The agents yield** (nice 19) to this process, the GCS and the raylet, which share their
+  session (Linux groups a session's processes for CPU: nice ranks them within it).
 - **Workers are forked warm** (rayfl.engine.worker_fork, through rayfl.engine.worker_launch):
   one process imports Ray, torch and rayfl while the run loads its config, and every worker is
   forked from it instead of importing them all again, twice per worker with Ray's own
@@ -48,7 +50,7 @@ from typing import Any
 # the node, and the hosts become them) import these while the run is still busy. A worker that
 # cannot (an unusual sys.path) logs the error to its own log and starts as usual.
 HOST_MODULES = ("torch", "rayfl.engine.host", "rayfl.algorithms")
-AGENT_NICENESS = 19  # the raylet's agents and the log monitor: after the run's own work
+AGENT_NICENESS = 19  # the raylet's agents: after the head's own processes
 
 
 def free_ports(count: int) -> list[int]:
@@ -131,6 +133,9 @@ def start_node(num_cpus: int | None, num_gpus: int | None) -> Any:
         def start_api_server(self, *, include_dashboard: bool | None, raise_on_failure: bool) -> None:
             """No dashboard, no job submission, no state API: nothing a local run reads."""
 
+        def start_log_monitor(self) -> None:
+            """Started once the node is up, as a thread of this process (`start_log_monitor`)."""
+
     metrics_agent, metrics_export, runtime_env_agent, agent_listen = free_ports(4)
     # enable_worker_prestart: the idle workers start as soon as the raylet registers, not when
     # the first driver connects (~1 s sooner on 2 cores)
@@ -144,13 +149,36 @@ def start_node(num_cpus: int | None, num_gpus: int | None) -> Any:
     # spawn_reaper: Ray's reaper kills the head's processes should this process die uncleanly
     with raylet_told_its_agents(agent_listen):
         node = HeadWithoutApiServer(params, head=True, shutdown_at_exit=False, spawn_reaper=True)
-    import psutil
-    from ray._private import ray_constants
-
-    for info in node.all_processes.get(ray_constants.PROCESS_TYPE_LOG_MONITOR, []):
-        with contextlib.suppress(psutil.Error):
-            psutil.Process(info.process.pid).nice(AGENT_NICENESS)
+    start_log_monitor(node)
     return node
+
+
+def start_log_monitor(node: Any) -> None:
+    """Ray's log monitor (workers' output, published to the run's terminal) as a thread of this
+    process, which has nothing else to do while it holds the head and has imported Ray already:
+    as a process of its own it spent ~0.9 s of CPU starting, beside the run's own start. Should
+    the thread not start, Ray's process is started instead."""
+    import threading
+
+    try:
+        from ray._private import ray_constants
+        from ray._private.log_monitor import LogMonitor, is_proc_alive
+        from ray._private.ray_logging import setup_component_logger
+        from ray._raylet import GcsClient
+
+        # its own log goes to its file in the session's logs, as the process's does, not to the run's terminal
+        setup_component_logger(logging_level=ray_constants.LOGGER_LEVEL, logging_format=ray_constants.LOGGER_FORMAT,
+                               log_dir=node.get_logs_dir_path(), filename=ray_constants.LOG_MONITOR_LOG_FILE_NAME,
+                               max_bytes=node.max_bytes, backup_count=node.backup_count,
+                               logger_name="ray._private.log_monitor", propagate=False)
+        monitor = LogMonitor(node.node_ip_address, node.get_logs_dir_path(), GcsClient(address=node.gcs_address),
+                             is_proc_alive, gcs_address=node.gcs_address)
+    except Exception:  # noqa: BLE001 - a Ray whose log monitor moved: its own process, as Ray starts it
+        from ray._private.node import Node
+
+        Node.start_log_monitor(node)
+        return
+    threading.Thread(target=monitor.run, name="rayfl-log-monitor", daemon=True).start()
 
 
 def kill_tree(root_pid: int, include_root: bool) -> None:
