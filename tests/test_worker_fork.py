@@ -138,6 +138,32 @@ def test_the_fork_server_is_never_forked_from_a_process_that_imported_ray(tmp_pa
         fork_from_here(listener)
 
 
+GUARDED_FORK = """
+import json, sys
+import torch
+from rayfl.engine.local_ray import DriverForkServer
+
+if sys.argv[1] == "cuda":
+    torch.cuda.is_initialized = lambda: True  # as if this process had used its GPU
+server = DriverForkServer()
+server.start()
+forked = server.pid is not None
+server.stop()
+print(json.dumps({"forked": forked, "listener_closed": server.listener is None}))
+"""
+
+
+@pytest.mark.parametrize("cuda", ["cuda", "none"])
+def test_a_driver_that_initialised_cuda_is_not_forked(cuda):
+    """CUDA initialised before a fork is unusable in the child: such a driver's socket is closed
+    instead, and the launchers exec their workers."""
+    proc = subprocess.run([sys.executable, "-c", GUARDED_FORK, cuda], capture_output=True, text=True, cwd=REPO,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out == {"forked": cuda == "none", "listener_closed": True}
+
+
 # `rayfl run` starting its own Ray forks the workers' server from its own process once its
 # config is loaded: the hosts are children of that server (named rayfl-fork), a child of the
 # run's process, and nothing of either is left once the run's process has exited.
