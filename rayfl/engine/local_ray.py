@@ -4,7 +4,8 @@ On 2 cores a short run's start was mostly Ray's own (docs/benchmarks.md, "startu
 and serial with the driver's own work. Now:
 
 - **Fewer processes.** The head runs without the API server and the autoscaler monitor that
-  `ray.init` starts (rayfl.engine.head_process says why neither is needed).
+  `ray.init` starts (rayfl.engine.head_process says why neither is needed), and its log monitor
+  is a thread of the head's process.
 - **Started early, beside the driver.** `rayfl run` launches the head's process first thing,
   before it loads the config: Ray starts on the other core while the driver imports torch and
   the algorithms. A mistake found meanwhile stops the head at once (`discard_head`): the user
