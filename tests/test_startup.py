@@ -165,6 +165,7 @@ from rayfl.engine import local_ray
 
 local_ray.start_local_ray(num_cpus=1, logging_level="ERROR")
 helper = psutil.Process(local_ray._head.process.pid)
+own = local_ray.joined_own_head()  # a private head: a run here never asks it for pooled hosts
 
 @ray.remote(num_cpus=1)
 def preloaded():
@@ -182,7 +183,8 @@ tree = helper.children(recursive=True)
 kinds = sorted({kind(p) for p in tree})
 local_ray.stop_ray()
 print(json.dumps({"preloaded": mods, "kinds": kinds, "left": [kind(p) for p in [helper, *tree] if alive(p)],
-                  "up": ray.is_initialized(), "head": local_ray._head is None}))
+                  "up": ray.is_initialized(), "head": local_ray._head is None,
+                  "own": [own, local_ray.joined_own_head()]}))
 """
 
 
@@ -196,6 +198,7 @@ def test_local_ray_is_a_lean_head_with_preloaded_workers_and_leaves_nothing():
     assert {"gcs", "raylet", "dashboard_agent", "runtime_env_agent", "worker", "fork_server"} <= set(out["kinds"]), out
     assert not {"api_server", "autoscaler", "log_monitor"} & set(out["kinds"]), out
     assert "a worker's line for the terminal" in proc.stdout + proc.stderr
+    assert out["own"] == [True, False], out  # joined its own head; then stopped it
     assert out["left"] == [] and not out["up"] and out["head"], out
 
 

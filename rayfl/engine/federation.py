@@ -190,10 +190,13 @@ class Federation:
         return hosts
 
     def _lease_pool(self) -> Any:
-        """The pooled hosts this run may use, or None (engine.pool off, no pool, GPU hosts)."""
-        from rayfl.engine import pool
+        """The pooled hosts this run may use, or None (engine.pool off, no pool, GPU hosts, or a
+        head this process started: private to it, so no pool there, and asking took 0.2-0.4 s)."""
+        from rayfl.engine import local_ray, pool
 
         if self.cfg.engine.pool == "off" or self.placement.num_gpus > 0 or self.cfg.engine.device == "cuda":
+            return None
+        if local_ray.joined_own_head():
             return None
         try:
             leases = pool.lease_hosts(self.placement.num_hosts)

@@ -171,6 +171,17 @@ def discard_head() -> None:
         head.stop()
 
 
+def joined_own_head() -> bool:
+    """Whether the Ray this process is connected to is the local head it started itself: a
+    head private to this process, where no other driver can have started pooled hosts."""
+    import ray
+
+    answer = _head._answer if _head is not None else None
+    if answer is None or not ray.is_initialized():
+        return False
+    return bool(ray.get_runtime_context().gcs_address == answer.get("address"))
+
+
 def start_local_ray(**kwargs: Any) -> None:
     """Join a fresh local Ray (never whatever cluster /tmp/ray last pointed at): the early head
     if this process launched one, else a new one. `num_cpus` / `num_gpus` size a new head;
