@@ -25,9 +25,10 @@ Three more things keep Ray's own start off the run's critical path on a small ma
 - **The agents yield** (nice 19) to this process, the GCS and the raylet, which share their
   session (Linux groups a session's processes for CPU: nice ranks them within it).
 - **Workers are forked warm** (rayfl.engine.worker_fork, through rayfl.engine.worker_launch):
-  one process imports Ray, torch and rayfl while the run loads its config, and every worker is
-  forked from it instead of importing them all again, twice per worker with Ray's own
-  `setup_worker.py`."""
+  every worker is forked from one process that has imported Ray, torch and rayfl, instead of
+  importing them all again, twice per worker with Ray's own `setup_worker.py`. For a run's early
+  head that process is a fork of the run's own (`--fork-socket`: rayfl.engine.local_ray); a head
+  started on its own launches one here, first, so that its imports overlap Ray's start."""
 
 from __future__ import annotations
 
