@@ -105,14 +105,15 @@ def fork_socket(directory: Path) -> tuple[socket.socket, str]:
     return listener, path
 
 
-def start_fork_server(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """The process the head's workers are forked from, for a head started on its own (a run's
-    early head has the run fork it: rayfl.engine.local_ray); it and its socket's path."""
+def start_fork_server(directory: Path) -> str:
+    """Launch the process the head's workers are forked from, for a head started on its own (a
+    run's early head has the run fork it: rayfl.engine.local_ray); returns its socket's path.
+    It dies with this process (PR_SET_PDEATHSIG), and `kill_tree` stops it with the rest."""
     listener, path = fork_socket(directory)
     with listener:
-        server = subprocess.Popen([sys.executable, "-m", "rayfl.engine.worker_fork", "--fd", str(listener.fileno())],
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=[listener.fileno()])
-    return server, path
+        subprocess.Popen([sys.executable, "-m", "rayfl.engine.worker_fork", "--fd", str(listener.fileno())],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=[listener.fileno()])
+    return path
 
 
 def tell_fork_server(socket_path: str, node: Any) -> None:
@@ -264,7 +265,7 @@ def serve(args: argparse.Namespace, scratch: Path) -> int:
 
     socket_path = args.fork_socket
     if socket_path is None and not args.no_fork:
-        _server, socket_path = start_fork_server(scratch)  # first: its imports overlap Ray's start
+        socket_path = start_fork_server(scratch)  # first: its imports overlap Ray's start
     if socket_path is not None:
         os.environ[FORK_SOCKET_ENV] = socket_path  # the raylet's, so every worker launcher's
     try:

@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rayfl.engine.head_process import HOST_MODULES, fork_socket, kill_tree
+from rayfl.engine.head_process import fork_socket, kill_tree
 
 INIT_ONLY = ("logging_level", "log_to_driver")  # ray.init settings, not the head's
 STOP_TIMEOUT = 30.0  # seconds for the head's process to kill Ray's and exit
@@ -67,15 +67,14 @@ class DriverForkServer:
             return
         try:
             if "ray" not in sys.modules:
-                for name in HOST_MODULES:
-                    __import__(name)
+                from rayfl.engine.worker_fork import fork_from_here, preload_hosts
+
+                preload_hosts()  # torch and rayfl: imported already by a run's config
                 import torch
 
                 # none of them imports Ray; and a CUDA this process has initialised (a user's
                 # algorithm module at import, say) would be unusable in the forked workers
                 if "ray" not in sys.modules and not torch.cuda.is_initialized():
-                    from rayfl.engine.worker_fork import fork_from_here
-
                     self.pid = fork_from_here(self.listener)
         finally:
             self.listener.close()
