@@ -282,3 +282,116 @@ def test_datasets_not_made_from_the_config_alone_are_never_cached(root, override
 def test_only_eager_synthetic_is_cacheable():
     assert dcache.cacheable(small().data)
     assert not dcache.cacheable(small("data.synthetic_lazy=true").data)
+
+
+# --------------------------------------------------------------------- mapped entries
+
+ROW_ARRAYS = ["train_x", "train_y", "test_x", "test_y"]
+
+
+def test_a_hit_maps_the_entry_copy_on_write(root):
+    """A hit's row arrays are views of the file (no read into memory), writable like built
+    ones, and a write stays private: the file, and the next hit, keep the built values."""
+    cfg = small()
+    cached(cfg, CountingBuild(cfg))
+    hit = cached(cfg, CountingBuild(cfg))
+    (path,) = entries(root)
+    assert hit.mapped is not None and Path(hit.mapped.path) == path
+    before = path.read_bytes()
+    for key in ROW_ARRAYS:
+        arr = getattr(hit, key)
+        assert arr is hit.mapped[key] and arr.flags.writeable, key
+    hit.train_x[:] = 7.0
+    hit.test_y[:] = 1
+    assert path.read_bytes() == before
+    assert_same(cached(cfg, CountingBuild(cfg)), build_federated_dataset(cfg.data, cfg.partition, cfg.run.seed))
+
+
+def test_mapped_arrays_travel_as_their_path_and_map_read_only(root):
+    import pickle
+
+    from rayfl.data.mapped import MappedArrays
+
+    cfg = small("partition.num_clients=200")
+    cached(cfg, CountingBuild(cfg))
+    hit = cached(cfg, CountingBuild(cfg))
+    shipped = hit.mapped.only(ROW_ARRAYS)
+    blob = pickle.dumps(shipped)
+    assert len(blob) < 2000 < hit.train_x.nbytes, "the path and layouts, not the rows"
+    back = pickle.loads(blob)
+    assert isinstance(back, MappedArrays) and sorted(back) == sorted(ROW_ARRAYS)
+    for key in ROW_ARRAYS:
+        assert np.array_equal(back[key], getattr(hit, key)) and back[key].dtype == getattr(hit, key).dtype, key
+        assert not back[key].flags.writeable, key
+
+
+def test_a_mapping_refuses_a_file_that_is_no_longer_the_one_shipped(root):
+    import pickle
+
+    cfg = small()
+    cached(cfg, CountingBuild(cfg))
+    hit = cached(cfg, CountingBuild(cfg))
+    blob = pickle.dumps(hit.mapped.only(["train_x"]))
+    path = Path(hit.mapped.path)
+    data = path.read_bytes()
+    path.unlink()  # `hit` keeps the old file's inode alive, so the new one cannot reuse it
+    path.write_bytes(data)
+    with pytest.raises(FileNotFoundError, match="no longer the file"):
+        pickle.loads(blob)
+    path.unlink()
+    with pytest.raises(FileNotFoundError):
+        pickle.loads(blob)
+
+
+def test_a_pinned_entry_outlives_its_eviction_until_unpinned(root):
+    import pickle
+
+    cfg = small()
+    cached(cfg, CountingBuild(cfg))
+    hit = cached(cfg, CountingBuild(cfg))
+    path = Path(hit.mapped.path)
+    link = dcache.pin_entry(path)
+    assert link is not None and link.parent == path.parent / dcache.PINNED_DIR and link.samefile(path)
+    blob = pickle.dumps(hit.mapped.only(ROW_ARRAYS, link))
+    dcache._evict(path.parent, keep=path.parent / "none.npz", limit=0)  # every entry goes
+    assert not path.exists()
+    back = pickle.loads(blob)  # a host started now (replacing a dead one) still maps it
+    assert np.array_equal(back["train_x"], hit.train_x)
+    dcache.unpin(link)
+    assert not link.exists()
+
+
+def test_pins_left_by_dead_processes_here_are_cleared(root):
+    import socket
+    import subprocess
+    import sys
+
+    cfg = small()
+    cached(cfg, CountingBuild(cfg))
+    (path,) = entries(root)
+    pins = path.parent / dcache.PINNED_DIR
+    pins.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    me = socket.gethostname()
+    stale = pins / f"{me}~{dead.pid}~0~{path.name}"
+    live = pins / f"{me}~{os.getpid()}~0~{path.name}"
+    elsewhere = pins / f"another-machine~{dead.pid}~0~{path.name}"  # its pids mean nothing here
+    for p in (stale, live, elsewhere):
+        os.link(path, p)
+    link = dcache.pin_entry(path)
+    assert link is not None and link not in (live, elsewhere) and link.samefile(path)
+    assert not stale.exists() and live.exists() and elsewhere.exists()
+
+
+def test_a_pickled_mapped_dataset_carries_its_rows_not_the_file(root):
+    import pickle
+
+    cfg = small()
+    cached(cfg, CountingBuild(cfg))
+    hit = cached(cfg, CountingBuild(cfg))
+    blob = pickle.dumps(hit)
+    Path(hit.mapped.path).unlink()  # evicted meanwhile: the copy does not need it
+    back = pickle.loads(blob)
+    assert back.mapped is None
+    assert_same(back, build_federated_dataset(cfg.data, cfg.partition, cfg.run.seed))

@@ -166,6 +166,8 @@ from rayfl.engine import local_ray
 local_ray.start_local_ray(num_cpus=1, logging_level="ERROR")
 helper = psutil.Process(local_ray._head.process.pid)
 own = local_ray.joined_own_head()  # a private head: a run here never asks it for pooled hosts
+single = local_ray.single_machine()  # its hosts may map this machine's files (rayfl.data.mapped)
+task_events = ray._private.state.state.get_system_config().get("task_events_report_interval_ms")
 
 @ray.remote(num_cpus=1)
 def preloaded():
@@ -184,7 +186,7 @@ kinds = sorted({kind(p) for p in tree})
 local_ray.stop_ray()
 print(json.dumps({"preloaded": mods, "kinds": kinds, "left": [kind(p) for p in [helper, *tree] if alive(p)],
                   "up": ray.is_initialized(), "head": local_ray._head is None,
-                  "own": [own, local_ray.joined_own_head()]}))
+                  "own": [own, local_ray.joined_own_head()], "single": single, "task_events": task_events}))
 """
 
 
@@ -199,6 +201,8 @@ def test_local_ray_is_a_lean_head_with_preloaded_workers_and_leaves_nothing():
     assert not {"api_server", "autoscaler", "log_monitor"} & set(out["kinds"]), out
     assert "a worker's line for the terminal" in proc.stdout + proc.stderr
     assert out["own"] == [True, False], out  # joined its own head; then stopped it
+    assert out["single"] is True, out
+    assert out["task_events"] == 0, out  # off: nothing reads them, and ray.shutdown waited for their flush
     assert out["left"] == [] and not out["up"] and out["head"], out
 
 

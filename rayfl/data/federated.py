@@ -6,7 +6,8 @@ store and hand each host just the index arrays of its clients.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,6 +22,9 @@ from rayfl.data.partition import (
 )
 from rayfl.data.synthetic import generate_synthetic, split_clients
 from rayfl.rng import numpy_rng
+
+if TYPE_CHECKING:
+    from rayfl.data.mapped import MappedArrays
 
 
 @dataclass
@@ -37,6 +41,13 @@ class FederatedDataset:
     client_train: list[np.ndarray]
     client_test: list[np.ndarray] | None = None
     server_train: np.ndarray | None = None
+    # the file the row arrays are views of (a dataset cache entry), so hosts on this machine
+    # can map it rather than receive a copy (rayfl.engine.federation)
+    mapped: MappedArrays | None = field(default=None, repr=False, compare=False)
+
+    def __getstate__(self) -> dict:
+        # pickled, the arrays travel as data; the file they were mapped from may not be there
+        return {**self.__dict__, "mapped": None}
 
     @property
     def num_clients(self) -> int:

@@ -181,6 +181,22 @@ def joined_own_head() -> bool:
     return bool(ray.get_runtime_context().gcs_address == answer.get("address"))
 
 
+def single_machine() -> bool:
+    """Whether every process of the Ray this process is connected to runs on this machine and
+    sees its files: a Ray this process started, its own head or `ray.init()`'s local instance
+    (no autoscaler adds nodes to either). A cluster joined by address may hold or gain other
+    machines, even when it has one node now."""
+    import ray
+
+    if joined_own_head():
+        return True
+    try:  # ray.init() without an address started this node as a head and owns it
+        node = ray._private.worker._global_node
+        return bool(ray.is_initialized() and node is not None and node.is_head())
+    except AttributeError:  # Ray's internals moved: assume another machine may be involved
+        return False
+
+
 def start_local_ray(**kwargs: Any) -> None:
     """Join a fresh local Ray (never whatever cluster /tmp/ray last pointed at): the early head
     if this process launched one, else a new one. `num_cpus` / `num_gpus` size a new head;

@@ -63,6 +63,11 @@ def preload_ray(flags: dict[str, str]) -> str:
     os.environ.update(flags)
     import ray._private.workers.default_worker as default_worker  # its __main__ part runs in a fork only
 
+    from rayfl.engine.head_process import SERIALIZATION_MODULES
+
+    for name in SERIALIZATION_MODULES:  # else each host's first call imports them
+        with contextlib.suppress(ImportError):
+            __import__(name)
     return str(default_worker.__file__)
 
 

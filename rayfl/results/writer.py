@@ -95,6 +95,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from rayfl.results.columns import column
 from rayfl.results.storage import Location, RunDir, fsync_dir, put_bytes, write_local_atomically
 
 Scalar = int | float | bool | str | None
@@ -624,7 +625,7 @@ def _rows_to_table(rows: Sequence[Mapping[str, Scalar]], schema: pa.Schema) -> p
         exact, convert = _CONVERT.get(field.type, (None, None))
         if convert is not None:
             values = [v if v is None or type(v) is exact else convert(v) for v in values]
-        columns.append(pa.array(values, type=field.type))
+        columns.append(column(values, field.type))
     return pa.Table.from_arrays(columns, schema=schema)
 
 
