@@ -50,7 +50,10 @@ from typing import Any
 # What every host imports before its first call; Ray's idle workers (one per CPU, started with
 # the node, and the hosts become them) import these while the run is still busy. A worker that
 # cannot (an unusual sys.path) logs the error to its own log and starts as usual.
-HOST_MODULES = ("torch", "rayfl.engine.host", "rayfl.algorithms")
+HOST_MODULES = ("torch", "rayfl.engine.host")
+# ... and every algorithm's module, for workers that may be asked to run any; a run's own fork
+# server has the one its run imported (rayfl.algorithms imports each on first use)
+EVERY_ALGORITHM = "rayfl.algorithms.all"
 # What a worker's first (de)serialization imports (ray.util.serialization_addons: pydantic,
 # starlette where installed, Ray's Arrow serializers): 0.1-0.3 s of each host's start, unless
 # the workers' fork server has imported them (rayfl.engine.worker_fork).
@@ -153,7 +156,7 @@ def start_node(num_cpus: int | None, num_gpus: int | None) -> Any:
         metrics_agent_port=metrics_agent, metrics_export_port=metrics_export,
         runtime_env_agent_port=runtime_env_agent, dashboard_agent_listen_port=agent_listen,
         setup_worker_path=str(Path(__file__).with_name("worker_launch.py")),
-        _system_config={"preload_python_modules": list(HOST_MODULES), "enable_worker_prestart": True,
+        _system_config={"preload_python_modules": [*HOST_MODULES, EVERY_ALGORITHM], "enable_worker_prestart": True,
                         "task_events_report_interval_ms": 0},
     )
     # spawn_reaper: Ray's reaper kills the head's processes should this process die uncleanly

@@ -69,7 +69,7 @@ class DriverForkServer:
             if "ray" not in sys.modules:
                 from rayfl.engine.worker_fork import fork_from_here, preload_hosts
 
-                preload_hosts()  # torch and rayfl: imported already by a run's config
+                preload_hosts(every_algorithm=False)  # torch and rayfl: a run's config imported most
                 import torch
 
                 # none of them imports Ray; and a CUDA this process has initialised (a user's

@@ -47,11 +47,12 @@ from typing import Any
 from rayfl.engine.worker_launch import receive_message, send_message
 
 
-def preload_hosts() -> None:
-    """What every host imports: torch and rayfl (none of it imports Ray)."""
-    from rayfl.engine.head_process import HOST_MODULES
+def preload_hosts(every_algorithm: bool = True) -> None:
+    """What every host imports: torch and rayfl (none of it imports Ray), and every algorithm's
+    module unless told the workers run only what this process imported already."""
+    from rayfl.engine.head_process import EVERY_ALGORITHM, HOST_MODULES
 
-    for name in HOST_MODULES:
+    for name in (*HOST_MODULES, EVERY_ALGORITHM) if every_algorithm else HOST_MODULES:
         __import__(name)
 
 
@@ -250,13 +251,13 @@ def tell_flags(socket_path: str, flags: dict[str, str]) -> None:
         send_message(conn, {"flags": flags})
 
 
-def serve(listener: socket.socket) -> int:
+def serve(listener: socket.socket, every_algorithm: bool = True) -> int:
     """Import what workers need (what is not imported yet), then fork a worker for each
     launcher's request until killed. Whatever fails before serving ends this process quietly: the
     launchers then see it close and exec their workers, which report such a failure in their
     own logs."""
     try:
-        preload_hosts()
+        preload_hosts(every_algorithm)
         flags, early = wait_for_flags(listener)
         default_worker = preload_ray(flags)
     except Exception:  # noqa: BLE001 - see above
@@ -306,7 +307,7 @@ def fork_from_here(listener: socket.socket) -> int:
         from threadpoolctl import threadpool_limits
 
         threadpool_limits(1, user_api="blas")  # as in the server started on its own (OPENBLAS_NUM_THREADS)
-        code = serve(listener)
+        code = serve(listener, every_algorithm=False)  # its hosts run the run's algorithm, imported
     finally:
         os._exit(code)
 
