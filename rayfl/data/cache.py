@@ -228,6 +228,8 @@ def pin_entry(path: Path) -> Path | None:
     file (a host started later, to replace a dead one, maps it again). None when the link
     cannot be made; the caller then ships the arrays instead. `unpin` removes it; links left by
     processes that died on this machine are removed here."""
+    import psutil
+
     pins = path.parent / PINNED_DIR
     me = socket.gethostname()
     try:
@@ -235,7 +237,7 @@ def pin_entry(path: Path) -> Path | None:
         for old in pins.iterdir():
             host, _, rest = old.name.partition("~")
             pid = rest.split("~", 1)[0]
-            if host == me and pid.isdigit() and not _alive(int(pid)):
+            if host == me and pid.isdigit() and not psutil.pid_exists(int(pid)):
                 old.unlink(missing_ok=True)
         for n in range(100):
             link = pins / f"{me}~{os.getpid()}~{n}~{path.name}"
@@ -253,12 +255,3 @@ def unpin(link: Path) -> None:
     """Remove a link made by `pin_entry` (the entry itself stays until evicted)."""
     link.unlink(missing_ok=True)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
