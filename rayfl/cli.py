@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rayfl import __version__
+
 EPILOG = """\
 examples:
   rayfl run                                   the default job: FedAvg on Synthetic(1,1), 100 clients
@@ -53,8 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    p.add_argument("--version", action="version", version=f"rayfl {__version__}")
+
     def job_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("job", nargs="?", help="job YAML (omit for the built-in default job)")
+        sp.add_argument("--example", metavar="NAME",
+                        help="a job shipped with rayfl instead of a file, e.g. digits_fedavg (`rayfl list examples`)")
         sp.add_argument(
             "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
             help="override one config value (YAML syntax), e.g. --set partition.alpha=0.1; repeatable",
@@ -114,8 +120,24 @@ def build_parser() -> argparse.ArgumentParser:
     pool.add_argument("--hosts", type=int, default=2, help="pooled hosts wanted (start; default 2)")
     pool.add_argument("--address", help="the running Ray ('auto' for the latest one started here); default: RAY_ADDRESS or auto")
 
-    val = sub.add_parser("validate", help="check a job and print its resolved config")
+    val = sub.add_parser("validate", help="check a job and print its resolved config",
+                         description="Check a job (every key of its algorithm, model, dataset and partitioner, "
+                                     "user code named by import path included) and print the resolved config: "
+                                     "every key with its value or default.")
     job_args(val)
+
+    lst = sub.add_parser(
+        "list", help="list what a job can name: algorithms, models, datasets, partitioners, examples",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Every registered entry of a kind with its one-line summary: rayfl's own, those "
+                    "registered by installed packages (entry points rayfl.algorithms, rayfl.models, "
+                    "rayfl.datasets, rayfl.partitioners), and the example jobs shipped with rayfl. A job "
+                    "may also name user code by import path, 'package.module:attr'.",
+        epilog="examples:\n  rayfl list                 everything\n  rayfl list models\n"
+               "  rayfl validate --set algorithm.name=fedprox   an entry's keys and defaults",
+    )
+    lst.add_argument("kind", nargs="?", choices=["algorithms", "models", "datasets", "partitions", "examples"],
+                     help="one kind (default: all)")
 
     part = sub.add_parser("partition", help="print (and plot) the client x class matrix of a job's data")
     job_args(part)
@@ -270,11 +292,25 @@ def _load(args: argparse.Namespace):
     overrides = list(args.overrides)
     if getattr(args, "address", None):
         overrides.append(f"engine.address={args.address}")
-    cfg, has_sweep = load_base_config(args.job, overrides)
+    job = job_path(args)
+    cfg, has_sweep = load_base_config(job, overrides)
     if has_sweep:
-        print(f"rayfl: {args.job} declares a sweep; this runs its base job only "
-              f"(use `rayfl sweep {args.job}` for the grid)", file=sys.stderr)
+        print(f"rayfl: {job} declares a sweep; this runs its base job only "
+              f"(use `rayfl sweep {job}` for the grid)", file=sys.stderr)
     return cfg
+
+
+def job_path(args: argparse.Namespace) -> str | None:
+    """The job file a command runs: its argument, or the shipped example `--example` names."""
+    example = getattr(args, "example", None)
+    if example is None:
+        return args.job
+    from rayfl.config import ConfigError
+    from rayfl.examples import example_path
+
+    if args.job is not None:
+        raise ConfigError("--example", f"give a job file or --example, not both ({args.job!r} and {example!r})")
+    return str(example_path(example))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -287,9 +323,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     fork_workers_here()  # an early head's workers: forked from this process, now torch and rayfl are in
     from rayfl.progress import RoundProgress
-    from rayfl.runner import build_dataset, check_address, run_experiment
+    from rayfl.runner import build_dataset, check_address, check_before_ray, run_experiment
 
     check_address(cfg)  # a Ray to join that is not there: said before the data are built
+    check_before_ray(cfg, cfg.planned_clients(), cfg.run.run_id)  # hosts or GPUs this machine lacks, a taken run id
     dataset = build_dataset(cfg)
     mark("dataset")
     if not args.quiet:
@@ -320,7 +357,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from rayfl.sweep import run_sweep
 
     outcome = run_sweep(
-        args.job, args.overrides, args.grid, args.seeds, address=args.address,
+        job_path(args), args.overrides, args.grid, args.seeds, address=args.address,
         name=args.name, max_concurrent=args.max_concurrent, max_failures=args.max_failures,
         scheduler=args.scheduler, metric=args.metric, mode=args.mode,
     )
@@ -345,6 +382,25 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     cfg = _load(args)
     print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from rayfl.examples import examples
+    from rayfl.registry import REGISTRIES
+
+    kinds = {"algorithms": "algorithm", "models": "model", "datasets": "dataset", "partitions": "partitioner"}
+    wanted = [args.kind] if args.kind else [*kinds, "examples"]
+    for i, kind in enumerate(wanted):
+        if len(wanted) > 1:
+            print(("\n" if i else "") + f"{kind}:")
+        if kind == "examples":
+            rows = [(name, summary, "") for name, summary in examples().items()]
+        else:
+            rows = [(e.name, e.describe(), "" if e.origin == "built-in" else f"[{e.origin}]") for e in REGISTRIES[kinds[kind]].entries()]
+        width = max((len(r[0]) for r in rows), default=0)
+        for name, summary, origin in rows:
+            print(f"  {name:<{width}}  {summary}{'  ' + origin if origin else ''}")
     return 0
 
 
@@ -461,6 +517,7 @@ COMMANDS = {
     "resume": cmd_resume,
     "sweep": cmd_sweep,
     "validate": cmd_validate,
+    "list": cmd_list,
     "partition": cmd_partition,
     "report": cmd_report,
     "bench": cmd_bench,

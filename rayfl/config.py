@@ -15,7 +15,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, ClassVar, Literal, Union, get_args, get_origin
 
 import yaml
 
@@ -34,12 +34,6 @@ class _NotFinite(ConfigError):
 
 
 DEFAULT_CLIENTS_PER_ROUND = 10
-
-
-DATASETS = ("synthetic", "digits", "mnist", "fashion_mnist", "cifar10", "emnist", "gldv2", "stackoverflow", "ffgg_quadratic")
-PARTITIONS = ("iid", "dirichlet", "quantity_skew", "dominant_class", "shards", "natural")
-MODELS = ("linear", "mlp", "relu1", "conv4", "resnet18", "transformer")
-ADAPTERS = ("none", "residual", "lora")
 
 
 @dataclass
@@ -65,72 +59,24 @@ class RunConfig:
 
 @dataclass
 class DataConfig:
-    """Which dataset, where its files are, and how train / test / server splits are made.
+    """Fields every dataset shares; `dataset` picks the entry (rayfl.registry.DATASETS), whose
+    own config class (a subclass of this one) adds its keys, e.g. synthetic's `alpha`.
 
-    `source: full` reads the official train and test files; `test_only` reads only the official
-    test files (e.g. the 10,000 MNIST test images in `../shared/data/mnist/`) and splits them
-    like a pooled set. `split: pooled` pools everything and re-splits with `test_fraction`
-    (ZO-HFL's 90/10); `official` keeps the dataset's own test set.
-    """
+    A dataset that is a pool of samples is split into train and test with `test_fraction`
+    unless it has its own test set, capped at `max_samples` first (seeded), and partitioned
+    across clients by `partition.method`; `server_fraction` of the training pool goes to the
+    server first. `seed` fixes the data split and partition (null: run.seed), so run.seed can
+    vary the training randomness on one split (FFGG's Table 1 pipeline chains runs that way)."""
 
     dataset: str = "synthetic"
     data_dir: str = "~/.rayfl/data"
-    source: Literal["full", "test_only"] = "full"
-    split: Literal["official", "pooled"] = "official"
+    download: bool = True
     test_fraction: float = 0.2
     server_fraction: float = 0.0
-    download: bool = True
     max_samples: int | None = None
-    # LEAF / FedProx Synthetic(alpha, beta) (or Synthetic-IID with synthetic_iid: true);
-    # client sizes ~ lognormal(size_mu, size_sigma) + min.
-    synthetic_alpha: float = 1.0
-    synthetic_beta: float = 1.0
-    synthetic_iid: bool = False
-    synthetic_features: int = 60
-    synthetic_classes: int = 10
-    synthetic_size_mu: float = 4.0
-    synthetic_size_sigma: float = 2.0
-    synthetic_min_samples: int = 50
-    synthetic_max_samples: int = 2000
-    # A population generated on demand (rayfl.data.lazy; dataset synthetic, partition natural):
-    # hosts make a client's rows from its own seeded stream when it runs, so memory follows the
-    # clients of a round, not the population. The global test set is the held-out rows of the
-    # first synthetic_eval_clients clients.
-    synthetic_lazy: bool = False
-    synthetic_eval_clients: int = 1000
-    # FFGG's synthetic quadratic (rayfl.papers.ffgg.quadratic; partition.method natural, one
-    # client per partition.num_clients): n rows per block, d_theta global, d_w personal.
-    quadratic_n: int = 10_000
-    quadratic_d_theta: int = 100
-    quadratic_d_w: int = 50
-    quadratic_planted: bool = True
-    # Naturally federated datasets (emnist, gldv2, stackoverflow; rayfl.data.natural): keep
-    # clients with at least min_client_train / min_client_test samples, then a seeded subsample
-    # of max_clients of them; at most max_client_train training samples each (StackOverflow's
-    # 1000 sequences). StackOverflow: vocab_size words, sequences of seq_len tokens. GLDv2:
-    # images resized to image_size, test_fraction of each client's images as its test set.
-    min_client_train: int = 0
-    min_client_test: int = 0
-    max_clients: int | None = None
-    max_client_train: int | None = None
-    vocab_size: int = 10000
-    seq_len: int = 20
-    image_size: int = 224
-    # Seed of the data split and partition (null: run.seed). Fixing it keeps one split while
-    # run.seed varies the training randomness (FFGG's Table 1 pipeline chains runs on one split).
     seed: int | None = None
 
     def validate(self) -> None:
-        _choice("data.dataset", self.dataset, DATASETS)
-        _non_negative("data.min_client_train", self.min_client_train)
-        _non_negative("data.min_client_test", self.min_client_test)
-        if self.max_clients is not None:
-            _positive("data.max_clients", self.max_clients)
-        if self.max_client_train is not None:
-            _positive("data.max_client_train", self.max_client_train)
-        _positive("data.vocab_size", self.vocab_size)
-        _positive("data.seq_len", self.seq_len)
-        _positive("data.image_size", self.image_size)
         if self.seed is not None:
             _non_negative("data.seed", self.seed)
         _fraction("data.test_fraction", self.test_fraction, open_right=True)
@@ -138,118 +84,109 @@ class DataConfig:
             raise ConfigError("data.server_fraction", f"must be in [0, 1), got {self.server_fraction}")
         if self.max_samples is not None:
             _positive("data.max_samples", self.max_samples)
-        if self.synthetic_alpha < 0 or self.synthetic_beta < 0:
-            raise ConfigError("data.synthetic_alpha", "alpha and beta must be >= 0")
-        _positive("data.synthetic_features", self.synthetic_features)
-        for key in ("quadratic_n", "quadratic_d_theta", "quadratic_d_w"):
-            _positive(f"data.{key}", getattr(self, key))
-        if self.synthetic_classes < 2:
-            raise ConfigError("data.synthetic_classes", "must be >= 2")
-        if self.synthetic_min_samples < 2:
-            raise ConfigError("data.synthetic_min_samples", "each client needs >= 2 samples (one train, one test)")
-        if self.synthetic_max_samples < self.synthetic_min_samples:
-            raise ConfigError("data.synthetic_max_samples", "must be >= data.synthetic_min_samples")
-        _positive("data.synthetic_eval_clients", self.synthetic_eval_clients)
-        if self.synthetic_lazy and self.dataset != "synthetic":
-            raise ConfigError("data.synthetic_lazy", f"a lazy population is only for dataset synthetic, not {self.dataset!r}")
-        if self.synthetic_lazy and self.server_fraction > 0:
-            raise ConfigError("data.synthetic_lazy", "a lazy population has no server share: set data.server_fraction: 0")
-        if self.dataset in ("mnist", "fashion_mnist", "cifar10"):
-            root = Path(self.data_dir).expanduser()
-            if not self.download and not root.is_dir():
-                raise ConfigError("data.data_dir", f"directory {root} does not exist (and data.download is false)")
+
+    def has_own_clients(self) -> bool:
+        """Whether the dataset comes with its own clients (`partition.method: natural`)."""
+        return False
+
+    def splittable(self) -> bool:
+        """Whether the dataset is a pool a partitioner can split (else only its own clients)."""
+        return True
+
+    def planned_clients(self, partition: PartitionConfig) -> int | None:
+        """The client count the config alone gives (None: known once the data are loaded)."""
+        return None if partition.keeps_dataset_clients else partition.num_clients
+
+    def generated_by_rayfl(self) -> bool:
+        """Whether rayfl.data's own code makes the rows from this config alone, so a built
+        dataset may be cached under a key of the config and that code (rayfl.data.cache)."""
+        return False
+
+
+@dataclass
+class GenericDataConfig(DataConfig):
+    """The config of a dataset registered without a config class of its own: `kwargs` are
+    handed to its loader as keyword arguments."""
+
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class PartitionConfig:
-    """How the training pool is split across clients.
+    """How the training pool is split across clients; `method` picks the partitioner
+    (rayfl.registry.PARTITIONERS), whose own config class adds its keys (dirichlet's `alpha`).
 
-    iid; dirichlet (per-class proportions ~ Dir(alpha), at least `min_size` samples per client);
-    quantity_skew (one random client gets `big_client_size`, the rest `small_client_size`, IID
-    labels: ComFedL's MNIST); dominant_class (client i takes fraction `rho` from class i mod C:
-    ComFedL's CIFAR); shards (sort by label, `shards_per_client` shards each: McMahan et al.);
-    natural (the dataset's own clients, e.g. Synthetic(alpha, beta)).
-    `client_test: proportional` splits the test set across clients with each client's label mix,
-    for methods that evaluate personalized models.
-    """
+    `num_clients` clients (with `natural`, how many the dataset generates or keeps: null keeps
+    all of a dataset's own clients). `client_test: proportional` splits the test set across
+    clients with each client's label mix, `equal` gives each `client_test_size` IID test
+    samples (null: pool // clients), for methods that evaluate personalized models."""
 
     method: str = "natural"
-    num_clients: int = 100
-    alpha: float = 0.5
-    min_size: int = 10
-    big_client_size: int = 5000
-    small_client_size: int = 20
-    rho: float = 0.8
-    samples_per_client: int | None = None
-    shards_per_client: int = 2
+    num_clients: int | None = 100
     client_test: Literal["none", "proportional", "equal"] = "none"
-    # `client_test: equal`: every client gets this many IID test samples (null: pool // clients),
-    # so a 20-image client still has a usable validation set (ComFedL's worst-client accuracy).
     client_test_size: int | None = None
+    # The dataset's own clients are kept (natural), not a split of its pool.
+    keeps_dataset_clients: ClassVar[bool] = False
 
     def validate(self) -> None:
         if self.client_test_size is not None:
             _positive("partition.client_test_size", self.client_test_size)
-        _choice("partition.method", self.method, PARTITIONS)
-        _positive("partition.num_clients", self.num_clients)
-        if self.alpha <= 0:
-            raise ConfigError("partition.alpha", f"Dirichlet concentration must be > 0, got {self.alpha}")
-        _non_negative("partition.min_size", self.min_size)
-        _positive("partition.big_client_size", self.big_client_size)
-        _positive("partition.small_client_size", self.small_client_size)
-        _fraction("partition.rho", self.rho, open_left=False)
-        if self.samples_per_client is not None:
-            _positive("partition.samples_per_client", self.samples_per_client)
-        _positive("partition.shards_per_client", self.shards_per_client)
+        if self.num_clients is None and not self.keeps_dataset_clients:
+            raise ConfigError("partition.num_clients", f"partitioner {self.method!r} needs a number of clients")
+        if self.num_clients is not None:
+            _positive("partition.num_clients", self.num_clients)
+
+
+@dataclass
+class GenericPartitionConfig(PartitionConfig):
+    """The config of a partitioner registered without a config class of its own: `kwargs` are
+    handed to it as keyword arguments."""
+
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class ModelConfig:
-    """The network every client trains. Parameters travel as one flat float32 vector."""
+    """Fields every model shares; `name` picks the entry (rayfl.registry.MODELS), whose own
+    config class adds its keys (resnet18's `width`), handed to its factory as keyword arguments.
+    Parameters travel as one flat float32 vector.
+
+    `adapter: lora` adds rank-`adapter_rank` adapters to the network's weight matrices
+    (rayfl.models.adapters), starting as the identity edit; `residual` (Pillutla et al. 2022)
+    exists for models that build adapters themselves (resnet18, transformer). `init_from`
+    starts from other parameters instead of a fresh init: a .npy flat vector, or a run directory
+    (its checkpoint's model, matched by parameter name; rayfl.models.init_from)."""
 
     name: str = "linear"
-    bias: bool = True
-    hidden: list[int] = field(default_factory=lambda: [200, 200])
-    conv_channels: int = 32
-    # The hidden nonlinearity of mlp / relu1: `relu`, or the softplus (1/beta) ln(1 + e^{beta t})
-    # (FedRZO App. D.1's smoothed network for first-order baselines). `eval_activation: relu`
-    # evaluates that network with the true ReLU (in eval mode) while clients train the softplus.
-    activation: Literal["relu", "softplus"] = "relu"
-    softplus_beta: float = 10.0
-    eval_activation: Literal["same", "relu"] = "same"
-    # resnet18 (GroupNorm, rayfl.models.resnet): base width (64 is ResNet-18; smaller for CPU
-    # runs) and GroupNorm groups. transformer (rayfl.models.transformer): causal LM blocks.
-    width: int = 64
-    norm_groups: int = 2
-    layers: int = 4
-    heads: int = 4
-    dim: int = 256
-    ffn_dim: int = 1024
-    # Adapters added to the network (rayfl.models.adapters): residual (Pillutla et al. 2022)
-    # or lora (rank adapter_rank on weight matrices); both start as the identity edit.
-    adapter: str = "none"
+    adapter: Literal["none", "residual", "lora"] = "none"
     adapter_rank: int = 16
-    # Start from these parameters instead of a fresh init: a .npy flat vector, or a run
-    # directory (its checkpoint's model, matched by parameter name; rayfl.models.init_from).
     init_from: str | None = None
+    # The factory takes `adapter` and `adapter_rank` itself (else LoRA is added around it).
+    builds_adapters: ClassVar[bool] = False
 
     def validate(self) -> None:
-        _choice("model.name", self.name, MODELS)
-        _choice("model.adapter", self.adapter, ADAPTERS)
-        for key in ("width", "norm_groups", "layers", "heads", "dim", "ffn_dim", "adapter_rank"):
-            _positive(f"model.{key}", getattr(self, key))
-        if self.dim % self.heads:
-            raise ConfigError("model.heads", f"model.dim={self.dim} must be divisible by heads={self.heads}")
-        if self.adapter == "residual" and self.name not in ("resnet18", "transformer"):
-            raise ConfigError("model.adapter", f"residual adapters exist for resnet18 and transformer, not {self.name!r}")
+        _positive("model.adapter_rank", self.adapter_rank)
+        if self.adapter == "residual" and not self.builds_adapters:
+            raise ConfigError("model.adapter", f"residual adapters exist for models that build them (resnet18, transformer), not {self.name!r}")
         if self.init_from is not None and not self.init_from:
             raise ConfigError("model.init_from", "must be a path (or null)")
-        _positive_float("model.softplus_beta", self.softplus_beta)
-        for i, h in enumerate(self.hidden):
-            _positive(f"model.hidden[{i}]", h)
-        if self.name in ("mlp", "relu1") and len(self.hidden) < 1:
-            raise ConfigError("model.hidden", f"{self.name} needs a hidden width, e.g. [200, 200]")
-        _positive("model.conv_channels", self.conv_channels)
+
+    def factory_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of the model's factory: this class's own fields (and the
+        adapter's, for a model that builds them), or `kwargs` for a generic model."""
+        base = {f.name for f in dataclasses.fields(ModelConfig)}
+        if self.builds_adapters:
+            base -= {"adapter", "adapter_rank"}
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in base}
+        return dict(own.pop("kwargs", {}), **own)
+
+
+@dataclass
+class GenericModelConfig(ModelConfig):
+    """The config of a model registered without a config class of its own: `kwargs` are handed
+    to its factory as keyword arguments."""
+
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -297,6 +234,14 @@ class AlgorithmConfig:
         _positive("algorithm.batch_size", self.batch_size)
         _positive_float("algorithm.lr", self.lr)
         _non_negative("algorithm.weight_decay", self.weight_decay)
+
+
+@dataclass
+class GenericAlgorithmConfig(AlgorithmConfig):
+    """The config of a server loop registered without a config class of its own: it reads
+    its own settings from `kwargs`."""
+
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -536,21 +481,26 @@ class Config:
     def validate(self) -> None:
         for f in dataclasses.fields(self):
             getattr(self, f.name).validate()
-        if self.partition.method == "natural" and self.data.dataset not in ("synthetic", "ffgg_quadratic", "emnist", "gldv2", "stackoverflow"):
+        data, partition = self.data, self.partition
+        if partition.keeps_dataset_clients and not data.has_own_clients():
             raise ConfigError(
                 "partition.method",
-                f"'natural' needs a dataset with its own clients (synthetic); {self.data.dataset!r} "
-                f"needs one of {[p for p in PARTITIONS if p != 'natural']}",
+                f"{partition.method!r} keeps a dataset's own clients, and {data.dataset!r} has none "
+                "(a file dataset gets them from data.client_column); choose a partitioner, e.g. iid or dirichlet",
             )
-        if self.data.synthetic_lazy and self.partition.method != "natural":
-            raise ConfigError("data.synthetic_lazy", f"a lazy population needs partition.method natural, not {self.partition.method!r}")
+        if not partition.keeps_dataset_clients and not data.splittable():
+            raise ConfigError(
+                "partition.method",
+                f"{data.dataset!r} comes with its own clients and is not split by a partitioner; use partition.method: natural",
+            )
         alg = self.algorithm
-        if alg.clients_per_round is not None and alg.clients_per_round > self.partition.num_clients:
+        clients = partition.num_clients
+        if alg.clients_per_round is not None and clients is not None and alg.clients_per_round > clients:
             raise ConfigError(
                 "algorithm.clients_per_round",
-                f"{alg.clients_per_round} exceeds partition.num_clients={self.partition.num_clients}",
+                f"{alg.clients_per_round} exceeds partition.num_clients={clients}",
             )
-        if getattr(alg, "server_as_client", False) and self.data.server_fraction == 0:
+        if getattr(alg, "server_as_client", False) and data.server_fraction == 0:
             raise ConfigError(
                 "algorithm.server_as_client",
                 "the server owns no data; set data.server_fraction > 0",
@@ -559,7 +509,12 @@ class Config:
             # Read the trace's contents now (types, ranges, client ids), before Ray starts.
             from rayfl.engine.system import read_trace
 
-            read_trace(Path(self.system.trace).expanduser(), self.partition.num_clients)
+            read_trace(Path(self.system.trace).expanduser(), clients)
+
+    def planned_clients(self) -> int | None:
+        """How many clients the run will have, when the config alone says it (None: known
+        once the data are loaded, e.g. a dataset's own writers)."""
+        return self.data.planned_clients(self.partition)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -571,22 +526,40 @@ class Config:
 SECTIONS: dict[str, type] = typing.get_type_hints(Config)
 
 
-def algorithm_config_class(name: str) -> type[AlgorithmConfig]:
-    """The config dataclass of a registered algorithm (imported lazily: algorithms import us)."""
-    from rayfl.algorithms import ALGORITHMS
+def section_class(section: str, values: Mapping[str, Any]) -> type:
+    """The dataclass a job's `section` is built with: the named entry's own config class for
+    the extensible sections (algorithm, model, data, partition), else the section's class."""
+    from rayfl.registry import BY_SECTION
 
-    if name not in ALGORITHMS:
-        raise ConfigError("algorithm.name", f"unknown algorithm {name!r}; choose one of {sorted(ALGORITHMS)}")
-    return ALGORITHMS[name].config_class
+    registry = BY_SECTION.get(section)
+    if registry is None:
+        return SECTIONS[section]
+    selector = registry.key.split(".")[1]
+    default = getattr(SECTIONS[section], selector)
+    return registry.config_class(values.get(selector, default))
+
+
+def algorithm_config_class(name: str) -> type[AlgorithmConfig]:
+    """The config dataclass of the algorithm `name` (a registered name or an import path)."""
+    return section_class("algorithm", {"name": name})
+
+
+def section_config(section: str, **values: Any) -> Any:
+    """One section's config built from keyword values as a job's would be (the named entry's
+    class, types checked), e.g. `section_config("model", name="mlp", hidden=[16])`."""
+    return build_section(section_class(section, values), values, section)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Read a YAML job (or the defaults when `path` is None), apply `section.key=value`
     overrides, and validate. Raises ConfigError before anything expensive happens."""
+    from rayfl.registry import searching
+
     raw = read_job_file(path) if path is not None else {}
     for item in overrides or []:
         apply_override(raw, item)
-    return config_from_dict(raw)
+    with searching(Path(path).absolute().parent if path is not None else None):
+        return config_from_dict(raw)
 
 
 def read_job_file(path: str | Path) -> dict[str, Any]:
@@ -645,13 +618,11 @@ def config_from_dict(raw: Mapping[str, Any]) -> Config:
         bad = sorted(unknown)[0]
         raise ConfigError(bad, f"unknown section; allowed sections are {sorted(SECTIONS)}")
     sections: dict[str, Any] = {}
-    for name, cls in SECTIONS.items():
+    for name in SECTIONS:
         values = raw.get(name) or {}
         if not isinstance(values, Mapping):
             raise ConfigError(name, "must be a mapping of keys to values")
-        if name == "algorithm":
-            cls = algorithm_config_class(str(values.get("name", AlgorithmConfig.name)))
-        sections[name] = build_section(cls, values, name)
+        sections[name] = build_section(section_class(name, values), values, name)
     cfg = Config(**sections)
     cfg.validate()
     return cfg
@@ -663,10 +634,56 @@ def build_section(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
     for key, value in values.items():
-        if key not in hints:
-            raise ConfigError(f"{prefix}.{key}", f"unknown key; allowed keys are {names}")
+        if key not in names:
+            raise ConfigError(f"{prefix}.{key}", unknown_key(cls, prefix, key, names, values))
         kwargs[key] = coerce(f"{prefix}.{key}", value, hints[key])
     return cls(**kwargs)
+
+
+# Keys that moved when each dataset got its own config class: old key -> new key.
+MOVED_KEYS: dict[str, str] = {
+    **{f"data.synthetic_{k}": f"data.{k}" for k in ("alpha", "beta", "iid", "features", "classes", "size_mu", "size_sigma", "lazy", "eval_clients")},
+    "data.synthetic_min_samples": "data.min_client_samples",
+    "data.synthetic_max_samples": "data.max_client_samples",
+    **{f"data.quadratic_{k}": f"data.{k}" for k in ("n", "d_theta", "d_w", "planted")},
+}
+
+
+def config_from_manifest(raw: Mapping[str, Any]) -> Config:
+    """The config a run's manifest recorded. A run recorded before each model, dataset and
+    partitioner had its own config class carries every flat key: moved keys get their new
+    names, and keys the named entry does not have (the flat sections' other defaults) go."""
+    return config_from_dict({name: _recorded_section(name, values) if isinstance(values, Mapping) else values
+                             for name, values in raw.items()})
+
+
+def _recorded_section(name: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    values = {MOVED_KEYS.get(f"{name}.{k}", f"{name}.{k}").partition(".")[2]: v for k, v in values.items()}
+    if name not in ("model", "data", "partition"):
+        return values
+    keep = {f.name for f in dataclasses.fields(section_class(name, values))}
+    return {k: v for k, v in values.items() if k in keep}
+
+
+def recorded_section(name: str, values: Mapping[str, Any]) -> Any:
+    """One section of a recorded config (see `config_from_manifest`), built."""
+    values = _recorded_section(name, values)
+    return build_section(section_class(name, values), values, name)
+
+
+def unknown_key(cls: type, prefix: str, key: str, names: list[str], values: Mapping[str, Any]) -> str:
+    """The message for a key `cls` does not have: where it moved, or which keys there are."""
+    moved = MOVED_KEYS.get(f"{prefix}.{key}")
+    if moved is not None:
+        return f"this key moved: it is now {moved} (a key of the dataset's own config)"
+    from rayfl.registry import BY_SECTION
+
+    registry = BY_SECTION.get(prefix)
+    if registry is None:
+        return f"unknown key; allowed keys are {names}"
+    selector = registry.key.split(".")[1]
+    chosen = values.get(selector, getattr(cls, selector, None))
+    return f"unknown key of {registry.kind} {chosen!r}; its keys are {names}"
 
 
 def coerce(key: str, value: Any, hint: Any) -> Any:

@@ -7,6 +7,10 @@ from typing import Any
 
 
 class RoundProgress:
+    """A progress bar over a run's rounds with its simulated and wall time, drawn from the
+    first finished round on: whatever fails before (hosts that cannot start, a bad model)
+    is said without a bar at 0% above it."""
+
     def __init__(self, total_rounds: int, enabled: bool = True):
         self.total = total_rounds
         self.enabled = enabled
@@ -14,15 +18,15 @@ class RoundProgress:
         self.last_accuracy: float | None = None
 
     def __enter__(self) -> RoundProgress:
-        if self.enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=self.total, unit="round", file=sys.stderr, mininterval=0.5, dynamic_ncols=True)
         return self
 
     def update(self, row: dict[str, Any]) -> None:
-        if self.bar is None:
+        if not self.enabled:
             return
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total, unit="round", file=sys.stderr, mininterval=0.5, dynamic_ncols=True)
         acc = row.get("test_accuracy")
         if acc is not None:
             self.last_accuracy = float(acc)

@@ -19,16 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rayfl.algorithms import ALGORITHMS
-from rayfl.config import Config, ConfigError, config_from_dict
+from rayfl.config import Config, ConfigError, config_from_manifest
 from rayfl.data import FederatedDataset, build_federated_dataset
+from rayfl.data.stored import STORED_FILE, dataset_bytes, dataset_from_bytes
 from rayfl.engine import Federation
 from rayfl.engine.checkpoint import Checkpoint, load_checkpoint
 from rayfl.engine.local_ray import discard_head, start_local_ray, stop_ray, unreachable
 from rayfl.engine.resources import check_cluster, check_local_cluster
 from rayfl.progress import mark
+from rayfl.registry import Plugins, add_root
 from rayfl.results import RunWriter
-from rayfl.results.storage import Location, RunDir, is_uri
+from rayfl.results.storage import Location, RunDir, is_uri, write_atomically
 
 ProgressFn = Callable[[dict[str, Any]], None]
 
@@ -38,10 +39,15 @@ class RunOutcome:
     run_dir: RunDir  # a Path for a local output.dir, the run's URI for a remote one
     summary: dict[str, Any]
     wall_seconds: float
+    final_params: Any = None  # the server loop's final global model (a flat vector), if it returned one
+    config: Config | None = None
+    dataset: Any = None
 
 
 def default_run_id(cfg: Config) -> str:
-    return f"{cfg.algorithm.name}-s{cfg.run.seed}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    """<algorithm>-s<seed>-<time>-<pid>; an import path's attribute names the algorithm."""
+    algorithm = cfg.algorithm.name.rpartition(":")[2]
+    return f"{algorithm}-s{cfg.run.seed}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
 # Set by Ray's job supervisor (ray 2.60: dashboard/modules/job/job_supervisor.py) in the
@@ -92,10 +98,12 @@ def init_ray(cfg: Config) -> bool:
     return True
 
 
-def check_before_ray(cfg: Config, num_clients: int, run_id: str | None = None) -> None:
+def check_before_ray(cfg: Config, num_clients: int | None, run_id: str | None = None) -> None:
     """The mistakes a run can be told about before it joins Ray: a run id already taken (for a
-    new run), and, for a local Ray the run will start, hosts that cannot fit this machine.
-    Both are checked again later; these only say it sooner."""
+    new run), and, for a local Ray the run will start, hosts that cannot fit this machine or
+    GPUs it does not have. Both are checked again later; these only say it sooner. `rayfl run`
+    checks before it builds the data (`num_clients` from the config, None if only the data
+    know), the runner again once they are built."""
     import ray
 
     if run_id is not None:
@@ -132,10 +140,31 @@ def build_dataset(cfg: Config) -> FederatedDataset:
 
     with threadpool_limits(1, user_api="blas"):
         # A rerun of the same config loads the built dataset from disk (rayfl.data.cache).
-        return cached_build(
+        dataset = cached_build(
             cfg.data, cfg.partition, cfg.run.seed,
             lambda: build_federated_dataset(cfg.data, cfg.partition, cfg.run.seed),
         )
+    dataset.from_config = True  # a resumed run builds it again
+    return dataset
+
+
+def check_model(cfg: Config, dataset: FederatedDataset) -> None:
+    """Build the model once for the dataset's inputs, before Ray starts: a factory that fails,
+    returns something else than an nn.Module or keeps buffers is a one-line ConfigError now,
+    not a failure of every host."""
+    from rayfl.models import build_model
+
+    build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+
+
+def check_dataset_object(dataset: Any) -> None:
+    """A dataset handed in from Python (not built from the config) is stored with the run so
+    `rayfl resume` can continue it: it must be a FederatedDataset with row arrays."""
+    if getattr(dataset, "from_config", False):
+        return
+    if not isinstance(dataset, FederatedDataset):
+        raise ConfigError("dataset", f"a dataset handed in from Python must be a rayfl.data.FederatedDataset (it is stored "
+                          f"with the run, for resume), not a {type(dataset).__name__}")
 
 
 def run_experiment(
@@ -151,6 +180,8 @@ def run_experiment(
         logging.getLogger(__name__).warning(warning)
     if dataset is None:
         dataset = build_dataset(cfg)
+    check_dataset_object(dataset)
+    check_model(cfg, dataset)
     run_id = cfg.run.run_id or default_run_id(cfg)
     check_before_ray(cfg, dataset.num_clients, run_id)
     started_ray = init_ray(cfg)
@@ -166,13 +197,17 @@ def run_experiment(
                 "test_samples": int(len(dataset.test_y)),
                 "server_samples": 0 if dataset.server_train is None else int(len(dataset.server_train)),
                 "empty_clients": [int(c) for c in dataset.empty_clients()],
+                **({} if getattr(dataset, "from_config", False) else {"stored": STORED_FILE}),
             },
+            "plugins": Plugins.of(cfg).to_manifest(),
             "ray": {"address": ray.get_runtime_context().gcs_address, "resources": ray.cluster_resources()},
         }
         check_cluster(cfg.engine, dataset.num_clients)  # before a run directory exists
         writer = RunWriter(
             cfg.output.dir, cfg.run.experiment, run_id, manifest, overwrite=cfg.output.overwrite, **cfg.output.writer_options()
         )
+        if not getattr(dataset, "from_config", False):
+            write_atomically(Location.parse(writer.run_dir).child(STORED_FILE), dataset_bytes(dataset))
         return _execute(cfg, dataset, writer, None, progress, on_start)
     finally:
         if started_ray:
@@ -191,9 +226,13 @@ def resume_experiment(
     location, manifest = run_manifest(run_dir)
     if manifest.get("status") == "completed":
         raise ConfigError("run_dir", f"{location} is already completed; nothing to resume")
-    cfg = config_from_dict(manifest["config"])
+    for root in manifest.get("plugins", {}).get("roots", []):  # where the run's own code was found
+        if Path(root).is_dir():
+            add_root(root)
+    cfg = config_from_manifest(manifest["config"])
     ckpt = load_checkpoint(location)
-    dataset = build_dataset(cfg)
+    stored = manifest.get("dataset", {}).get("stored")
+    dataset = dataset_from_bytes(location.child(stored).read_bytes()) if stored else build_dataset(cfg)
     check_before_ray(cfg, dataset.num_clients)
     started_ray = init_ray(cfg)
     try:
@@ -236,7 +275,9 @@ def _execute(
 ) -> RunOutcome:
     """The run itself, between an open writer and a closed one. SIGTERM and Ctrl-C ask it to
     stop after the current round, with a checkpoint; a second one stops it at once."""
-    algorithm = ALGORITHMS[cfg.algorithm.name]
+    from rayfl.registry import ALGORITHMS
+
+    run_algorithm = ALGORITHMS.get(cfg.algorithm.name).load()
     t0 = time.perf_counter()
     fed = None
     try:
@@ -251,7 +292,10 @@ def _execute(
             )
             if on_start is not None:
                 on_start(writer.run_dir, fed)
-            summary = algorithm.run(fed, cfg.algorithm, cfg.run)
+            summary = run_algorithm(fed, cfg.algorithm, cfg.run)
+            if not isinstance(summary, dict):
+                raise TypeError(f"the server loop of {cfg.algorithm.name!r} returned a {type(summary).__name__}, not a dict")
+            final_params = summary.get("final_params")
             summary = {k: v for k, v in summary.items() if k != "final_params"}
             summary.update(
                 sim_time=fed.now, wall_seconds=time.perf_counter() - t0, tasks_issued=fed.tasks_issued,
@@ -260,7 +304,7 @@ def _execute(
             mark("rounds_done")
             writer.close("completed", summary=summary)
             mark("writer_closed")
-            return RunOutcome(writer.run_dir, summary, time.perf_counter() - t0)
+            return RunOutcome(writer.run_dir, summary, time.perf_counter() - t0, final_params, cfg, dataset)
     finally:
         if fed is not None:
             fed.shutdown()

@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from rayfl.config import Config, ConfigError, apply_override, config_from_dict, read_job_file
+from rayfl.registry import Plugins, searching
 from rayfl.results.storage import Location, is_uri
 
 SWEEP_KEYS = ("grid", "seeds", "name", "max_concurrent", "max_failures", "scheduler", "metric", "mode")
@@ -86,7 +87,13 @@ def load_base_config(path: str | Path | None, overrides: Sequence[str] = ()) -> 
     raw, block = read_job(path)
     for item in overrides:
         apply_override(raw, item)
-    return config_from_dict(raw), block is not None
+    with searching(job_dir(path)):
+        return config_from_dict(raw), block is not None
+
+
+def job_dir(path: str | Path | None) -> Path | None:
+    """The job file's directory, searched for the modules its import paths name."""
+    return Path(path).absolute().parent if path is not None else None
 
 
 def parse_values(key: str, text: str) -> list[Any]:
@@ -314,6 +321,7 @@ def run_trial(config: dict[str, Any]) -> None:
     _done.clear()
     try:
         raw = config["trial"]
+        config["plugins"].install(f"the Tune trial's node {_node_ip()}")
         cfg = config_from_dict(raw)
         run_dir = Location.parse(cfg.output.dir).child(cfg.run.experiment, cfg.run.run_id or "")
         manifest = _manifest(run_dir)
@@ -437,6 +445,12 @@ def sweep_name(spec: SweepSpec, base: Mapping[str, Any], job: str | Path | None)
     return f"{experiment}_sweep"
 
 
+def _node_ip() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
 def absolute_dir(output_dir: str) -> str:
     """output.dir made absolute: Tune runs each trial in its own working directory."""
     return output_dir if is_uri(output_dir) else str(Path(output_dir).expanduser().resolve())
@@ -465,11 +479,12 @@ def run_sweep(
         apply_override(probe, item)
     if address:
         apply_override(probe, f"engine.address={address}")
-    base_cfg = config_from_dict(probe)  # the base job itself must be valid
-    name = sweep_name(spec, probe, job)
-    out_dir = absolute_dir(base_cfg.output.dir)
-    all_overrides = [*overrides, *([f"engine.address={address}"] if address else [])]
-    trials = plan_trials(base, all_overrides, spec, out_dir, name)  # before Ray starts
+    with searching(job_dir(job)):
+        base_cfg = config_from_dict(probe)  # the base job itself must be valid
+        name = sweep_name(spec, probe, job)
+        out_dir = absolute_dir(base_cfg.output.dir)
+        all_overrides = [*overrides, *([f"engine.address={address}"] if address else [])]
+        trials = plan_trials(base, all_overrides, spec, out_dir, name)  # before Ray starts
     started = init_ray(base_cfg)
     try:
         cluster = {k: float(v) for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU")}
@@ -525,7 +540,8 @@ def run_sweep(
 def trial_payload(name: str, trial: Trial) -> dict[str, Any]:
     """What a trial's function receives beside its run id: its config and, for its manifest,
     the sweep it belongs to and the settings that make it."""
-    return {"trial": trial.raw, "sweep": {"name": name, "settings": trial.settings, "seed": trial.seed}}
+    plugins = Plugins.of(config_from_dict(trial.raw))
+    return {"trial": trial.raw, "sweep": {"name": name, "settings": trial.settings, "seed": trial.seed}, "plugins": plugins}
 
 
 def _trial_name(trial: Any) -> str:

@@ -43,8 +43,8 @@ def hand_delta(client: int, key: int, theta: np.ndarray) -> np.ndarray:
 
 def async_run(results_dir, run_id: str, *extra: str):
     cfg = load_config(None, [
-        "data.dataset=ffgg_quadratic", f"data.quadratic_n={SHAPE.n}", f"data.quadratic_d_theta={DT}",
-        f"data.quadratic_d_w={DW}", "partition.method=natural", f"partition.num_clients={SHAPE.clients}",
+        "data.dataset=ffgg_quadratic", f"data.n={SHAPE.n}", f"data.d_theta={DT}",
+        f"data.d_w={DW}", "partition.method=natural", f"partition.num_clients={SHAPE.clients}",
         "algorithm.name=async_ffgg", "algorithm.clients_per_round=null", "algorithm.participation=1.0",
         f"algorithm.concurrency={K}", "algorithm.solver=gd", f"algorithm.tau={TAU}",
         f"algorithm.w_lr={W_LR}", f"algorithm.server_lr={GAMMA}", f"run.seed={SEED}", f"run.rounds={STEPS}",

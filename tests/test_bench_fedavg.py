@@ -24,9 +24,9 @@ from rayfl.engine.federation import Federation
 from rayfl.engine.host import ClientHostImpl
 from rayfl.rng import numpy_rng
 
-SMALL = ["partition.num_clients=8", "algorithm.clients_per_round=3", "data.synthetic_features=20",
-         "data.synthetic_min_samples=13", "data.synthetic_max_samples=40", "data.synthetic_size_sigma=1.0",
-         "data.synthetic_size_mu=2.0"]  # unequal sizes: the weights and short batches matter
+SMALL = ["partition.num_clients=8", "algorithm.clients_per_round=3", "data.features=20",
+         "data.min_client_samples=13", "data.max_client_samples=40", "data.size_sigma=1.0",
+         "data.size_mu=2.0"]  # unequal sizes: the weights and short batches matter
 ROUNDS = 3
 
 

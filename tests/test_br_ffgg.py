@@ -93,8 +93,8 @@ DT, DW = SHAPE.d_theta, SHAPE.d_w
 
 def test_br_ffgg_round_by_hand_and_clients_marked(ray_local, tmp_path):
     cfg = load_config(None, [
-        "data.dataset=ffgg_quadratic", f"data.quadratic_n={SHAPE.n}", f"data.quadratic_d_theta={DT}",
-        f"data.quadratic_d_w={DW}", "partition.method=natural", f"partition.num_clients={SHAPE.clients}",
+        "data.dataset=ffgg_quadratic", f"data.n={SHAPE.n}", f"data.d_theta={DT}",
+        f"data.d_w={DW}", "partition.method=natural", f"partition.num_clients={SHAPE.clients}",
         "algorithm.name=br_ffgg", "algorithm.solver=exact", "algorithm.server_lr=0.05",
         "algorithm.aggregator={name: median, bucket_size: 1}", "algorithm.attack={name: sign_flip, count: 2}",
         f"run.seed={SEED}", "run.rounds=1", f"output.dir={tmp_path}", "run.run_id=br",

@@ -366,12 +366,12 @@ def test_synthetic_has_no_pool():
 # --------------------------------------------------------------------------- synthetic
 
 
-SMALL = {"synthetic_size_mu": 3.0, "synthetic_size_sigma": 0.5, "synthetic_min_samples": 20,
-         "synthetic_max_samples": 100}
+SMALL = {"size_mu": 3.0, "size_sigma": 0.5, "min_client_samples": 20,
+         "max_client_samples": 100}
 
 
 def test_synthetic_shapes_and_natural_split():
-    data = DataConfig(synthetic_features=12, synthetic_classes=4, test_fraction=0.25, **SMALL)
+    data = DataConfig(features=12, classes=4, test_fraction=0.25, **SMALL)
     fd = build_federated_dataset(data, PartitionConfig(num_clients=15), seed=0)
     gen = generate_synthetic(data, 15, seed=0)
     assert fd.train_x.shape[1:] == (12,) and fd.input_shape == (12,) and fd.num_classes == 4
@@ -400,9 +400,9 @@ def test_synthetic_is_deterministic_and_clientwise():
 
 def test_synthetic_alpha_beta_control_heterogeneity():
     """beta spreads the clients' input means: B_k ~ N(0, beta) shifts every feature of client k."""
-    base = {"synthetic_features": 10, **SMALL}
-    far = generate_synthetic(DataConfig(synthetic_beta=5.0, **base), 40, seed=0)
-    near = generate_synthetic(DataConfig(synthetic_alpha=0.0, synthetic_beta=0.0, **base), 40, seed=0)
+    base = {"features": 10, **SMALL}
+    far = generate_synthetic(DataConfig(beta=5.0, **base), 40, seed=0)
+    near = generate_synthetic(DataConfig(alpha=0.0, beta=0.0, **base), 40, seed=0)
 
     def spread(g):
         means = np.array([g.x[s:e].mean() for s, e in zip(g.offsets[:-1], g.offsets[1:], strict=True)])
@@ -413,9 +413,9 @@ def test_synthetic_alpha_beta_control_heterogeneity():
 
 def test_synthetic_iid_clients_share_one_labelling():
     """Synthetic-IID: one W, b for everybody, so one linear rule labels every client's data."""
-    base = {"synthetic_features": 10, **SMALL}
-    iid = generate_synthetic(DataConfig(synthetic_iid=True, **base), 30, seed=0)
-    non = generate_synthetic(DataConfig(synthetic_alpha=1.0, synthetic_beta=1.0, **base), 30, seed=0)
+    base = {"features": 10, **SMALL}
+    iid = generate_synthetic(DataConfig(iid=True, **base), 30, seed=0)
+    non = generate_synthetic(DataConfig(alpha=1.0, beta=1.0, **base), 30, seed=0)
 
     def fit_accuracy(g) -> float:  # one least-squares linear rule for all clients' labels
         onehot = np.eye(10)[g.y]
@@ -442,9 +442,9 @@ def test_synthetic_pooled_with_another_partitioner():
     assert fd.client_sizes().max() - fd.client_sizes().min() <= 1
 
 
-def test_synthetic_min_samples_below_two_is_rejected():
-    data = DataConfig(synthetic_min_samples=1, synthetic_max_samples=1)
-    with pytest.raises(ConfigError, match="data.synthetic_min_samples"):
+def test_min_client_samples_below_two_is_rejected():
+    data = DataConfig(min_client_samples=1, max_client_samples=1)
+    with pytest.raises(ConfigError, match="data.min_client_samples"):
         generate_synthetic(data, 3, seed=0)
 
 

@@ -15,7 +15,7 @@ from rayfl.config import Config, load_config
 from rayfl.data import FederatedDataset, build_federated_dataset
 from rayfl.data import cache as dcache
 
-SMALL = ["data.dataset=synthetic", "data.synthetic_features=8", "partition.num_clients=20"]
+SMALL = ["data.dataset=synthetic", "data.features=8", "partition.num_clients=20"]
 # Shapes of the main layouts: natural clients (client_test), with a server share, a pooled
 # partition with proportional client test sets.
 LAYOUTS = {
@@ -109,10 +109,10 @@ def test_every_input_of_the_data_is_in_the_key(monkeypatch):
     changed = {
         "run seed": (small(), 1),
         "data.seed": (small("data.seed=3"), 0),
-        "alpha": (small("data.synthetic_alpha=0.5"), 0),
+        "alpha": (small("data.alpha=0.5"), 0),
         "num_clients": (small("partition.num_clients=21"), 0),
         "method": (small("partition.method=iid"), 0),
-        "features": (small("data.synthetic_features=9"), 0),
+        "features": (small("data.features=9"), 0),
         "test_fraction": (small("data.test_fraction=0.3"), 0),
     }
     keys = {name: dcache.cache_key(c.data, c.partition, s) for name, (c, s) in changed.items()}
@@ -137,7 +137,7 @@ def test_a_changed_seed_field_or_code_rebuilds(root, monkeypatch):
     cfg = small()
     build = CountingBuild(cfg)
     cached(cfg, build)
-    for other in (small("run.seed=1"), small("data.synthetic_alpha=0.5"), small("partition.num_clients=19")):
+    for other in (small("run.seed=1"), small("data.alpha=0.5"), small("partition.num_clients=19")):
         b = CountingBuild(other)
         assert_same(cached(other, b), build_federated_dataset(other.data, other.partition, other.run.seed))
         assert b.calls == 1, other
@@ -235,7 +235,7 @@ def test_a_full_disk_only_warns_and_leaves_no_temp_file(root, monkeypatch, caplo
 
 def test_eviction_keeps_the_directory_under_the_bound_and_the_newest_entry(root, monkeypatch):
     def cfg(seed: int) -> Config:  # equal-sized clients, so every entry has the same size
-        return small("data.synthetic_size_sigma=0", f"run.seed={seed}")
+        return small("data.size_sigma=0", f"run.seed={seed}")
 
     def store(seed: int, mtime: float) -> Path:
         before = set(entries(root))
@@ -262,7 +262,7 @@ def test_eviction_keeps_the_directory_under_the_bound_and_the_newest_entry(root,
 
 @pytest.mark.parametrize(
     "overrides",
-    [["data.synthetic_lazy=true"], ["data.dataset=mnist", "partition.method=iid"], ["data.dataset=digits", "partition.method=iid"]],
+    [["data.lazy=true"], ["data.dataset=mnist", "partition.method=iid"], ["data.dataset=digits", "partition.method=iid"]],
 )
 def test_datasets_not_made_from_the_config_alone_are_never_cached(root, overrides):
     cfg = small(*overrides)
@@ -281,7 +281,7 @@ def test_datasets_not_made_from_the_config_alone_are_never_cached(root, override
 
 def test_only_eager_synthetic_is_cacheable():
     assert dcache.cacheable(small().data)
-    assert not dcache.cacheable(small("data.synthetic_lazy=true").data)
+    assert not dcache.cacheable(small("data.lazy=true").data)
 
 
 # --------------------------------------------------------------------- mapped entries

@@ -250,8 +250,8 @@ def test_bad_local_and_br_config():
         load_config(None, ["algorithm.name=br_ffgg", "algorithm.participation=0.5"])
     assert e.value.key == "algorithm.participation"
     with pytest.raises(ConfigError) as e:
-        load_config(None, ["data.dataset=ffgg_quadratic", "data.quadratic_d_w=0"])
-    assert e.value.key == "data.quadratic_d_w"
+        load_config(None, ["data.dataset=ffgg_quadratic", "data.d_w=0"])
+    assert e.value.key == "data.d_w"
 
 
 # ---------------------------------------------------------------- Ray: the server loop by hand, 1 vs 2 hosts
@@ -261,8 +261,8 @@ ROUNDS = 2
 
 def quad_run(results_dir, run_id: str, *extra: str):
     cfg = load_config(None, [
-        "data.dataset=ffgg_quadratic", f"data.quadratic_n={SHAPE.n}", f"data.quadratic_d_theta={DT}",
-        f"data.quadratic_d_w={DW}", "partition.method=natural", f"partition.num_clients={SHAPE.clients}",
+        "data.dataset=ffgg_quadratic", f"data.n={SHAPE.n}", f"data.d_theta={DT}",
+        f"data.d_w={DW}", "partition.method=natural", f"partition.num_clients={SHAPE.clients}",
         "algorithm.clients_per_round=null", "algorithm.participation=1.0", f"run.seed={SEED}", f"run.rounds={ROUNDS}",
         f"output.dir={results_dir}", f"run.run_id={run_id}", *extra,
     ])

@@ -52,8 +52,8 @@ def test_hosts_sharing_one_gpu_reach_the_cpu_loops_model(ray_local, small, tmp_p
     assert "CUDA_VISIBLE_DEVICES=None" not in devices[0]
 
 
-UNEQUAL_FEDPROX = ["data.synthetic_size_sigma=0.8", "data.synthetic_size_mu=3.5", "data.synthetic_min_samples=8",
-                   "data.synthetic_max_samples=150", "algorithm.name=fedprox", "algorithm.mu=0.01"]
+UNEQUAL_FEDPROX = ["data.size_sigma=0.8", "data.size_mu=3.5", "data.min_client_samples=8",
+                   "data.max_client_samples=150", "algorithm.name=fedprox", "algorithm.mu=0.01"]
 
 
 def run_on_gpu(tmp, hosts: int, extra: list[str]):

@@ -23,7 +23,7 @@ LAYOUT_COLUMNS = ["wall_time", "run_id", "experiment"]
 def config(results_dir: Path, run_id: str):
     return load_config(None, [
         "data.dataset=synthetic", "partition.num_clients=16", "partition.client_test=proportional",
-        "partition.method=iid", "data.synthetic_features=12", "algorithm.name=fedavg", "algorithm.clients_per_round=8",
+        "partition.method=iid", "data.features=12", "algorithm.name=fedavg", "algorithm.clients_per_round=8",
         "run.rounds=2", "engine.num_hosts=2", "output.log_clients=true", f"output.dir={results_dir}",
         f"run.run_id={run_id}",
     ])

@@ -29,12 +29,12 @@ from rayfl.engine.system import (
 )
 from rayfl.rng import numpy_rng
 
-SMALL_CLIENTS = ["data.synthetic_size_mu=2.0", "data.synthetic_size_sigma=0.5", "data.synthetic_min_samples=4",
-                 "data.synthetic_max_samples=20"]
+SMALL_CLIENTS = ["data.size_mu=2.0", "data.size_sigma=0.5", "data.min_client_samples=4",
+                 "data.max_client_samples=20"]
 
 
 def lazy_cfg(n: int, *extra: str):
-    return load_config(None, ["data.dataset=synthetic", "data.synthetic_lazy=true", "partition.method=natural",
+    return load_config(None, ["data.dataset=synthetic", "data.lazy=true", "partition.method=natural",
                               f"partition.num_clients={n}", *SMALL_CLIENTS, *extra])
 
 
@@ -42,7 +42,7 @@ def lazy_cfg(n: int, *extra: str):
 
 
 def test_lazy_rows_depend_only_on_seed_and_client_and_the_host_serves_them():
-    cfg = lazy_cfg(40, "data.synthetic_eval_clients=7")
+    cfg = lazy_cfg(40, "data.eval_clients=7")
     ds = build_federated_dataset(cfg.data, cfg.partition, 3)
     assert isinstance(ds, LazyFederatedDataset) and ds.num_clients == 40
     src = ds.source
@@ -68,11 +68,11 @@ def test_lazy_rows_depend_only_on_seed_and_client_and_the_host_serves_them():
         for u, v in zip(a, b, strict=True):
             np.testing.assert_array_equal(u, v)
         assert a[0].dtype == np.float32 and a[1].dtype == np.int64
-        assert a[1].min() >= 0 and a[1].max() < cfg.data.synthetic_classes
+        assert a[1].min() >= 0 and a[1].max() < cfg.data.classes
     # a different seed is a different population
     other = LazySynthetic(cfg.data, 4, lazy_sizes(cfg.data, 40, 4))
     assert not np.array_equal(other.client_arrays(0)[0][:2], src.client_arrays(0)[0][:2])
-    # the global test set is the held-out rows of the first synthetic_eval_clients clients
+    # the global test set is the held-out rows of the first eval_clients clients
     np.testing.assert_array_equal(ds.test_y, np.concatenate([src.client_arrays(c)[3] for c in range(7)]))
     np.testing.assert_array_equal(ds.test_x, np.concatenate([src.client_arrays(c)[2] for c in range(7)]))
 
@@ -96,11 +96,11 @@ def test_lazy_rows_depend_only_on_seed_and_client_and_the_host_serves_them():
 def test_lazy_iid_labels_follow_the_shared_model():
     """Synthetic-IID by hand: every row's label is argmax(W x + b) for the one (W, b) drawn
     from (seed, 'synthetic.iid'), and the rows are the client's train rows then its test rows."""
-    cfg = lazy_cfg(30, "data.synthetic_iid=true")
+    cfg = lazy_cfg(30, "data.iid=true")
     ds = build_federated_dataset(cfg.data, cfg.partition, 5)
     shared = numpy_rng(5, "synthetic.iid")
-    w = shared.normal(0.0, 1.0, size=(cfg.data.synthetic_classes, cfg.data.synthetic_features))
-    b = shared.normal(0.0, 1.0, size=cfg.data.synthetic_classes)
+    w = shared.normal(0.0, 1.0, size=(cfg.data.classes, cfg.data.features))
+    b = shared.normal(0.0, 1.0, size=cfg.data.classes)
     for c in (0, 11, 29):
         x, y, tx, ty = ds.source.client_arrays(c)
         rows, labels = np.concatenate([x, tx]).astype(np.float64), np.concatenate([y, ty])
@@ -125,15 +125,15 @@ def test_client_ids_is_a_set_without_per_client_objects():
 @pytest.mark.parametrize(
     ("sets", "field"),
     [
-        (["data.dataset=digits", "partition.method=iid"], "data.synthetic_lazy"),
-        (["data.server_fraction=0.1"], "data.synthetic_lazy"),
-        (["partition.method=iid"], "data.synthetic_lazy"),
-        (["data.synthetic_eval_clients=0"], "data.synthetic_eval_clients"),
+        (["data.dataset=digits", "partition.method=iid"], "data.lazy"),
+        (["data.server_fraction=0.1"], "data.lazy"),
+        (["partition.method=iid"], "data.lazy"),
+        (["data.eval_clients=0"], "data.eval_clients"),
     ],
 )
 def test_lazy_bad_configs_name_the_field(sets, field):
     with pytest.raises(ConfigError) as e:
-        load_config(None, ["data.synthetic_lazy=true", "partition.method=natural", *sets])
+        load_config(None, ["data.lazy=true", "partition.method=natural", *sets])
     assert e.value.key == field
 
 
@@ -236,7 +236,7 @@ def lazy_run(results_dir: Path, hosts: int):
 
     cfg = lazy_cfg(
         POPULATION, "algorithm.name=fedavg", "algorithm.clients_per_round=12", "algorithm.batch_size=8", "run.rounds=3",
-        "run.eval_every=1", "data.synthetic_eval_clients=50", f"engine.num_hosts={hosts}", "engine.num_cpus_per_host=0.5",
+        "run.eval_every=1", "data.eval_clients=50", f"engine.num_hosts={hosts}", "engine.num_cpus_per_host=0.5",
         "system.availability.kind=periodic", "system.availability.period=10",
         f"output.dir={results_dir}", f"run.run_id=lazy-h{hosts}",
     )

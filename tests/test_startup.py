@@ -125,7 +125,7 @@ def test_build_dataset_on_one_blas_thread_gives_the_same_data(monkeypatch, tmp_p
         seen.append(blas_threads())
         return build_federated_dataset(*args)
 
-    cfg = load_config(None, ["data.dataset=synthetic", "data.synthetic_features=300", "partition.num_clients=30"])
+    cfg = load_config(None, ["data.dataset=synthetic", "data.features=300", "partition.num_clients=30"])
     monkeypatch.setenv("RAYFL_CACHE_DIR", str(tmp_path))  # an empty dataset cache: this run builds
     threads = blas_threads()
     monkeypatch.setattr(runner, "build_federated_dataset", spy)

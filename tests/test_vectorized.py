@@ -249,9 +249,9 @@ def runs(ray_local, tmp_path_factory) -> dict[str, object]:
     """FedProx under a deadline with partial work (some clients truncated, some late), the
     loop on one host and vectorised on two."""
     out = tmp_path_factory.mktemp("vec")
-    base = ["data.dataset=synthetic", "data.synthetic_features=20", "partition.num_clients=12",
-            "data.synthetic_size_mu=2.5", "data.synthetic_size_sigma=1.0", "data.synthetic_min_samples=4",
-            "data.synthetic_max_samples=40", "partition.method=natural", "model.name=mlp", "model.hidden=[8]",
+    base = ["data.dataset=synthetic", "data.features=20", "partition.num_clients=12",
+            "data.size_mu=2.5", "data.size_sigma=1.0", "data.min_client_samples=4",
+            "data.max_client_samples=40", "partition.method=natural", "model.name=mlp", "model.hidden=[8]",
             "algorithm.name=fedprox", "algorithm.mu=0.1", "algorithm.clients_per_round=8", "algorithm.batch_size=8",
             "algorithm.lr=0.1", "system.speed={dist: lognormal, value: 2.0e+4, sigma: 1.0}",
             "system.policy=deadline", "system.deadline=1.0", "system.late_policy=partial",

@@ -158,7 +158,7 @@ def server_split(fed: Federation, cfg: FFGGConfig) -> Split:
     from rayfl.papers.ffgg.quadratic import is_quadratic, oracle_from_dataset
 
     if is_quadratic(fed.dataset):
-        d_theta = fed.cfg.data.quadratic_d_theta
+        d_theta = fed.cfg.data.d_theta
         spec = SplitSpec("quadratic", batch_size=cfg.batch_size)
         return Split(spec, np.zeros(d_theta, dtype=np.float64), oracle_from_dataset(fed.dataset, d_theta))
     from rayfl.models.personal import personal_mask

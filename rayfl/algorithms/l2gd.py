@@ -148,7 +148,7 @@ def quadratic_setup(fed: Federation) -> tuple[Any, int]:
 
     if not is_quadratic(fed.dataset):
         raise ConfigError("data.dataset", "the FFGG baselines (local_gd, scaffold_quadratic, l2gd) run on ffgg_quadratic")
-    d_theta = fed.cfg.data.quadratic_d_theta
+    d_theta = fed.cfg.data.d_theta
     return oracle_from_dataset(fed.dataset, d_theta), d_theta
 
 

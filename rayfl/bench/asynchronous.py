@@ -17,10 +17,10 @@ from rayfl.bench.common import write_result
 
 COMMON = [
     "data.dataset=synthetic",
-    "data.synthetic_iid=true",  # one shared task, so a global accuracy target is meaningful
-    "data.synthetic_size_mu=3.5",
-    "data.synthetic_size_sigma=0.8",
-    "data.synthetic_max_samples=300",
+    "data.iid=true",  # one shared task, so a global accuracy target is meaningful
+    "data.size_mu=3.5",
+    "data.size_sigma=0.8",
+    "data.max_client_samples=300",
     "partition.method=natural",
     "model.name=linear",
     "system.speed={dist: inverse_pareto, value: 2.0e+6, shape: 1.2}",

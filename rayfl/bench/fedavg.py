@@ -40,9 +40,9 @@ WORKLOADS = {
 }
 COMMON = [
     # 75 samples per client, 15 of them held out: 60 training samples each
-    "data.dataset=synthetic", "data.synthetic_iid=true", "data.synthetic_features=784", "data.synthetic_classes=10",
-    "data.synthetic_size_mu=0.0", "data.synthetic_size_sigma=0.0", "data.synthetic_min_samples=75",
-    "data.synthetic_max_samples=75", "data.test_fraction=0.2",
+    "data.dataset=synthetic", "data.iid=true", "data.features=784", "data.classes=10",
+    "data.size_mu=0.0", "data.size_sigma=0.0", "data.min_client_samples=75",
+    "data.max_client_samples=75", "data.test_fraction=0.2",
     "partition.method=natural", "partition.num_clients=1000",
     "algorithm.name=fedavg", "algorithm.clients_per_round=100", "algorithm.local_epochs=1",
     "algorithm.batch_size=10", "algorithm.lr=0.05", "output.log_clients=true",

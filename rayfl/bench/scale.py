@@ -2,7 +2,7 @@
 
 Each population size runs in a fresh Python process (so one size's driver memory and Ray
 processes never count towards the next) on a lazily generated Synthetic(1, 1) population
-(`data.synthetic_lazy`, rayfl.data.lazy): with the clients' rows made on demand, memory and
+(`data.lazy`, rayfl.data.lazy): with the clients' rows made on demand, memory and
 seconds per round should follow the clients of a round, not the population. `--eager` runs the
 old in-memory dataset instead, for the before/after comparison.
 
@@ -87,7 +87,7 @@ def measure_one(clients: int, per_round: int, rounds: int, out: Path, job: str |
             f"run.eval_every={rounds}",
             f"output.dir={out.parent / 'results'}",
             "run.experiment=bench_scale",
-            f"data.synthetic_lazy={'false' if eager else 'true'}",
+            f"data.lazy={'false' if eager else 'true'}",
         ],
     )
     load_before = os.getloadavg()

@@ -35,6 +35,7 @@ import numpy as np
 from rayfl.config import DataConfig, PartitionConfig
 from rayfl.data.federated import FederatedDataset
 from rayfl.data.mapped import MappedArrays, npz_layout
+from rayfl.data.stored import dataset_arrays, dataset_from_arrays
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ _STALE_TMP_SECONDS = 3600.0  # a temp file this old was left by a writer that di
 
 def cacheable(data: DataConfig) -> bool:
     """Whether the dataset is generated from the config alone (so the key covers all it depends on)."""
-    return data.dataset == "synthetic" and not data.synthetic_lazy
+    return data.generated_by_rayfl()
 
 
 def cache_dir() -> Path | None:
@@ -130,36 +131,13 @@ def cached_build(
     return fd
 
 
-def _flatten(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    offsets = np.zeros(len(parts) + 1, dtype=np.int64)
-    offsets[1:] = np.cumsum([len(p) for p in parts])
-    flat = np.concatenate(parts).astype(np.int64, copy=False) if parts else np.empty(0, dtype=np.int64)
-    return flat, offsets
-
-
-def _unflatten(flat: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
-    if len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != len(flat) or np.any(np.diff(offsets) < 0):
-        raise ValueError("index offsets do not match the flattened indices")
-    # Copies, so each client's index array owns its memory, like a built one.
-    return [flat[a:b].copy() for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)]
-
-
 def _store(fd: FederatedDataset, root: Path, path: Path, key: str) -> None:
     """Write the entry to a temp file beside it, then rename: readers never see half a file."""
     root.mkdir(parents=True, exist_ok=True)
-    meta = {"key": key, "name": fd.name, "num_classes": int(fd.num_classes),
-            "input_shape": [int(d) for d in fd.input_shape]}
-    arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
-              "train_x": fd.train_x, "train_y": fd.train_y, "test_x": fd.test_x, "test_y": fd.test_y}
-    arrays["client_train"], arrays["client_train_offsets"] = _flatten(fd.client_train)
-    if fd.client_test is not None:
-        arrays["client_test"], arrays["client_test_offsets"] = _flatten(fd.client_test)
-    if fd.server_train is not None:
-        arrays["server_train"] = fd.server_train
     fd_tmp, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=root)
     try:
         with os.fdopen(fd_tmp, "wb") as f:
-            np.savez(f, **arrays)
+            np.savez(f, **dataset_arrays(fd, key=key))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -176,23 +154,9 @@ def _load(path: Path, key: str) -> FederatedDataset:
     unnoticed (the zip CRC is not checked); truncation, a damaged header or a wrong size does not.
     """
     mapped = MappedArrays(path, npz_layout(path), writable=True)
-    meta = json.loads(mapped["meta"].tobytes())
+    fd, meta = dataset_from_arrays(mapped, mapped=mapped)
     if meta["key"] != key:
         raise ValueError("entry was written for another key")
-    fd = FederatedDataset(
-        name=meta["name"],
-        num_classes=int(meta["num_classes"]),
-        input_shape=tuple(int(d) for d in meta["input_shape"]),
-        train_x=mapped["train_x"],
-        train_y=mapped["train_y"],
-        test_x=mapped["test_x"],
-        test_y=mapped["test_y"],
-        client_train=_unflatten(mapped["client_train"], mapped["client_train_offsets"]),
-        client_test=_unflatten(mapped["client_test"], mapped["client_test_offsets"]) if "client_test" in mapped else None,
-        server_train=mapped["server_train"].copy() if "server_train" in mapped else None,
-        mapped=mapped,
-    )
-    fd.check()
     return fd
 
 

@@ -1,33 +1,39 @@
 """Centralised datasets: the train / test pool before any client split.
 
-`load_pool` reads a dataset, then applies `data.source`, `data.split`, `data.max_samples` and
-`data.test_fraction` with seeded draws, so every run with the same seed sees the same pool.
+A pool dataset's loader returns its samples as an `ArrayDataset` (rayfl splits off a test set)
+or a `(train, test)` pair; `load_pool` applies `data.max_samples` and `data.test_fraction` with
+seeded draws, so every run with the same seed sees the same pool. This module holds the
+built-in pools: scikit-learn's digits and the official MNIST / Fashion-MNIST / CIFAR-10 files.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 
-from rayfl.config import DataConfig
+from rayfl.config import ConfigError, DataConfig
 from rayfl.data.errors import DatasetError
 from rayfl.data.sources import data_root, load_official
 from rayfl.rng import numpy_rng
 
 __all__ = ["ArrayDataset", "DatasetError", "load_pool", "split_train_test"]
 
-NUM_CLASSES = {"digits": 10, "mnist": 10, "fashion_mnist": 10, "cifar10": 10}
-
 
 @dataclass
 class ArrayDataset:
-    """Samples as float32 [N, *input_shape] (images in [0, 1]) with int64 labels [N]."""
+    """Samples [N, *input_shape] (float32 images in [0, 1], or tokens) with int64 labels [N]
+    in [0, num_classes). `groups`, when the data have their own clients, is each sample's
+    client as a code in [0, num_groups) (a writer, a user, a generated device): what
+    `partition.method: natural` keeps."""
 
     x: np.ndarray
     y: np.ndarray
     num_classes: int
     name: str
+    groups: np.ndarray | None = None
+    num_groups: int | None = None
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
@@ -36,32 +42,112 @@ class ArrayDataset:
     def input_shape(self) -> tuple[int, ...]:
         return tuple(int(d) for d in self.x.shape[1:])
 
+    def take(self, idx: np.ndarray | None) -> ArrayDataset:
+        """The samples at `idx` (all when None), groups kept."""
+        if idx is None:
+            return self
+        groups = None if self.groups is None else self.groups[idx]
+        return ArrayDataset(self.x[idx], self.y[idx], self.num_classes, self.name, groups, self.num_groups)
 
-def load_pool(cfg: DataConfig, seed: int) -> tuple[ArrayDataset, ArrayDataset]:
-    """(train, test) of a non-synthetic dataset, before any server / client split."""
-    name = cfg.dataset
-    if name == "synthetic":
-        raise DatasetError(
-            "synthetic data is generated per client; use rayfl.data.build_federated_dataset for it"
-        )
-    if name not in NUM_CLASSES:
-        raise DatasetError(f"unknown dataset {name!r}; known: {sorted(NUM_CLASSES)} and 'synthetic'")
-    if name == "digits":
-        x, y = _load_digits()
-        return _pooled(x, y, cfg, seed, name)
+
+@dataclass
+class OfficialConfig(DataConfig):
+    """An image dataset with an official train / test split (MNIST, Fashion-MNIST, CIFAR-10),
+    read from `data_dir/<dataset>/` (downloaded there when `download` and the network allow).
+    `source: test_only` reads only the official test files (e.g. the 10,000 MNIST test images in
+    ../shared/data/mnist/) and splits them like a pool; `split: pooled` pools train and test and
+    re-splits with `test_fraction` (ZO-HFL's 90/10), `official` keeps the dataset's own test set.
+    `max_samples` caps train + test (keeping their ratio with an official split)."""
+
+    source: Literal["full", "test_only"] = "full"
+    split: Literal["official", "pooled"] = "official"
+
+    def validate(self) -> None:
+        super().validate()
+        root = data_root(self.data_dir)
+        if not self.download and not root.is_dir():
+            raise ConfigError("data.data_dir", f"directory {root} does not exist (and data.download is false)")
+
+
+def load_official_images(cfg: OfficialConfig, seed: int) -> ArrayDataset | tuple[ArrayDataset, ArrayDataset]:
+    """The dataset's official files: (train, test), or one pool with test_only / pooled."""
+    name, k = cfg.dataset, NUM_CLASSES[cfg.dataset]
     splits = ("test",) if cfg.source == "test_only" else ("train", "test")
     arrays = load_official(name, data_root(cfg.data_dir), splits, cfg.download)
     if cfg.source == "test_only" or cfg.split == "pooled":
         x = np.concatenate([arrays[s].x for s in splits])
         y = np.concatenate([arrays[s].y for s in splits])
-        return _pooled(x, y, cfg, seed, name)
-    train, test = arrays["train"], arrays["test"]
-    keep_train, keep_test = _official_subsample(len(train.y), len(test.y), cfg.max_samples, seed)
-    k = NUM_CLASSES[name]
-    return (
-        ArrayDataset(_take(train.x, keep_train), _take(train.y, keep_train), k, name),
-        ArrayDataset(_take(test.x, keep_test), _take(test.y, keep_test), k, name),
-    )
+        return ArrayDataset(x, y, k, name)
+    return ArrayDataset(arrays["train"].x, arrays["train"].y, k, name), ArrayDataset(arrays["test"].x, arrays["test"].y, k, name)
+
+
+def load_digits(cfg: DataConfig, seed: int) -> ArrayDataset:
+    """scikit-learn's bundled 8x8 UCI digits (1,797 images, pixel values scaled to [0, 1]), no
+    download needed."""
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    bunch = sklearn_digits()
+    x = (np.asarray(bunch.images, dtype=np.float32) / 16.0)[:, None]
+    return ArrayDataset(x, np.asarray(bunch.target, dtype=np.int64), 10, "digits")
+
+
+NUM_CLASSES = {"mnist": 10, "fashion_mnist": 10, "cifar10": 10}
+
+
+def load_pool(cfg: DataConfig, seed: int) -> tuple[ArrayDataset, ArrayDataset]:
+    """(train, test) of a pool dataset, before any server / client split: its loader's samples,
+    subsampled to `data.max_samples` and split with `data.test_fraction` unless it has its own
+    test set."""
+    from rayfl.data.federated import load_entry
+
+    loaded = load_entry(cfg, seed, None)
+    if not isinstance(loaded, (ArrayDataset, tuple)):
+        raise DatasetError(f"{cfg.dataset!r} has its own clients, not a pool: use rayfl.data.build_federated_dataset for it")
+    return as_pool(loaded, cfg, seed)
+
+
+def as_pool(loaded: Any, cfg: DataConfig, seed: int) -> tuple[ArrayDataset, ArrayDataset]:
+    """A loader's answer as a checked (train, test) pair: one ArrayDataset is subsampled to
+    `max_samples` then split with `test_fraction`; a pair keeps its split, `max_samples`
+    capping both together with their ratio kept."""
+    if isinstance(loaded, ArrayDataset):
+        pool = check_samples(loaded, cfg.dataset, "samples")
+        if cfg.max_samples is not None and cfg.max_samples < len(pool):
+            keep = np.sort(numpy_rng(seed, "data.subsample").choice(len(pool), cfg.max_samples, replace=False))
+            pool = pool.take(keep)
+        train, test = split_train_test(len(pool), cfg.test_fraction, numpy_rng(seed, "data.split"))
+        return pool.take(train), pool.take(test)
+    if not (isinstance(loaded, tuple) and len(loaded) == 2 and all(isinstance(a, ArrayDataset) for a in loaded)):
+        raise ConfigError("data.dataset", f"{cfg.dataset!r} returned a {type(loaded).__name__}; a loader returns an "
+                          "ArrayDataset, a (train, test) pair of them or a FederatedDataset")
+    train, test = check_samples(loaded[0], cfg.dataset, "train"), check_samples(loaded[1], cfg.dataset, "test")
+    if train.input_shape != test.input_shape or train.num_classes != test.num_classes:
+        raise ConfigError("data.dataset", f"{cfg.dataset!r}: train and test differ in input shape or classes "
+                          f"({train.input_shape} / {test.input_shape}, {train.num_classes} / {test.num_classes})")
+    keep_train, keep_test = _official_subsample(len(train), len(test), cfg.max_samples, seed)
+    return train.take(keep_train), test.take(keep_test)
+
+
+def check_samples(d: ArrayDataset, name: str, what: str) -> ArrayDataset:
+    """One line naming the dataset for samples rayfl cannot train on; float64 inputs become
+    float32 (what the models compute in)."""
+    x, y = np.asarray(d.x), np.asarray(d.y)
+    if x.ndim < 2 or y.ndim != 1 or len(x) != len(y):
+        raise ConfigError("data.dataset", f"{name!r}: {what} x must be [N, ...] and y [N], got {x.shape} and {y.shape}")
+    if d.num_classes < 2:
+        raise ConfigError("data.dataset", f"{name!r} has {d.num_classes} class; classification needs at least 2")
+    if not np.issubdtype(y.dtype, np.integer):
+        raise ConfigError("data.dataset", f"{name!r}: {what} labels must be integers, got {y.dtype}")
+    if len(y) and (y.min() < 0 or y.max() >= d.num_classes):
+        raise ConfigError("data.dataset", f"{name!r}: {what} labels must be in [0, {d.num_classes}), got [{y.min()}, {y.max()}]")
+    if x.dtype == np.float64:
+        x = x.astype(np.float32)
+    groups = d.groups
+    if groups is not None:
+        groups = np.asarray(groups, dtype=np.int64)
+        if groups.shape != y.shape:
+            raise ConfigError("data.dataset", f"{name!r}: {what} groups must be [N] like the labels, got {groups.shape}")
+    return ArrayDataset(x, y.astype(np.int64, copy=False), int(d.num_classes), d.name, groups, d.num_groups)
 
 
 def split_train_test(n: int, test_fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -71,16 +157,6 @@ def split_train_test(n: int, test_fraction: float, rng: np.random.Generator) -> 
     n_test = min(max(int(round(test_fraction * n)), 1), n - 1)
     perm = rng.permutation(n)
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
-
-
-def _pooled(x: np.ndarray, y: np.ndarray, cfg: DataConfig, seed: int, name: str) -> tuple[ArrayDataset, ArrayDataset]:
-    """Subsample (data.max_samples), then split with data.test_fraction."""
-    if cfg.max_samples is not None and cfg.max_samples < len(y):
-        keep = np.sort(numpy_rng(seed, "data.subsample").choice(len(y), cfg.max_samples, replace=False))
-        x, y = x[keep], y[keep]
-    train, test = split_train_test(len(y), cfg.test_fraction, numpy_rng(seed, "data.split"))
-    k = NUM_CLASSES[name]
-    return ArrayDataset(x[train], y[train], k, name), ArrayDataset(x[test], y[test], k, name)
 
 
 def _official_subsample(
@@ -98,16 +174,3 @@ def _official_subsample(
     keep_train = np.sort(rng.choice(n_train, k_train, replace=False))
     keep_test = np.sort(rng.choice(n_test, min(max_samples - k_train, n_test), replace=False))
     return keep_train, keep_test
-
-
-def _take(a: np.ndarray, idx: np.ndarray | None) -> np.ndarray:
-    return a if idx is None else a[idx]
-
-
-def _load_digits() -> tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's bundled 8x8 UCI digits (pixel values 0..16), no download needed."""
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
-    x = (np.asarray(bunch.images, dtype=np.float32) / 16.0)[:, None]
-    return x, np.asarray(bunch.target, dtype=np.int64)

@@ -7,12 +7,13 @@ store and hand each host just the index arrays of its clients.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rayfl.config import ConfigError, DataConfig, PartitionConfig
-from rayfl.data.datasets import load_pool
+from rayfl.data.datasets import ArrayDataset
+from rayfl.data.errors import DatasetError
 from rayfl.data.partition import (
     equal_test_split,
     groups_from_owner,
@@ -20,7 +21,6 @@ from rayfl.data.partition import (
     proportional_test_split,
     split_server,
 )
-from rayfl.data.synthetic import generate_synthetic, split_clients
 from rayfl.rng import numpy_rng
 
 if TYPE_CHECKING:
@@ -44,6 +44,8 @@ class FederatedDataset:
     # the file the row arrays are views of (a dataset cache entry), so hosts on this machine
     # can map it rather than receive a copy (rayfl.engine.federation)
     mapped: MappedArrays | None = field(default=None, repr=False, compare=False)
+    # built from the run's config (a resumed run builds it again), not handed in from Python
+    from_config: bool = field(default=False, repr=False, compare=False)
 
     def __getstate__(self) -> dict:
         # pickled, the arrays travel as data; the file they were mapped from may not be there
@@ -104,34 +106,89 @@ class FederatedDataset:
 
 
 def build_federated_dataset(data: DataConfig, partition: PartitionConfig, seed: int) -> FederatedDataset:
-    """Load or generate `data.dataset`, carve out the server's share and split the rest
-    across `partition.num_clients` clients, all from seeded streams of `seed`."""
-    seed = data.seed if getattr(data, "seed", None) is not None else seed  # data.seed pins the split
-    if data.dataset == "ffgg_quadratic":  # FFGG's Example 1 (rayfl.papers.ffgg.quadratic)
-        from rayfl.papers.ffgg.quadratic import federated_quadratic
+    """Load or generate `data.dataset` through its registry entry, carve out the server's share
+    and split the rest across clients with `partition.method`, all from seeded streams of `seed`
+    (`data.seed` instead, when set). A dataset with its own clients keeps them under `natural`."""
+    from rayfl.data.datasets import as_pool
 
-        fd = federated_quadratic(data, partition, seed)
-    elif data.dataset == "synthetic" and data.synthetic_lazy:  # generated per client on demand
-        from rayfl.data.lazy import LazyFederatedDataset
-
-        return LazyFederatedDataset(data, partition.num_clients, seed)  # type: ignore[return-value]
-    elif data.dataset == "synthetic":
-        fd = _build_synthetic(data, partition, seed)
-    elif data.dataset in ("emnist", "gldv2", "stackoverflow"):  # their own clients (rayfl.data.natural)
-        from rayfl.data.natural import load_natural
-
-        fd = load_natural(data, seed)
-    elif partition.method == "natural":
-        raise ConfigError(
-            "partition.method", f"'natural' needs a dataset with its own clients (synthetic), not {data.dataset!r}"
-        )
+    seed = data.seed if data.seed is not None else seed  # data.seed pins the split
+    loaded = load_entry(data, seed, partition.num_clients)
+    if hasattr(loaded, "client_train"):  # the dataset made its clients itself
+        if not partition.keeps_dataset_clients:
+            raise ConfigError("partition.method", f"{data.dataset!r} comes with its own clients; use partition.method: natural")
+        if getattr(loaded, "source", None) is not None:  # a lazy population: no rows here to check
+            return loaded
+        fd = loaded
     else:
-        train, test = load_pool(data, seed)
-        fd = _build_from_pool(
-            train.name, train.num_classes, train.x, train.y, test.x, test.y, data, partition, seed
-        )
+        train, test = as_pool(loaded, data, seed)
+        if partition.keeps_dataset_clients:
+            fd = _natural_from_pool(train, test, data, partition, seed)
+        else:
+            fd = _build_from_pool(train.name, train.num_classes, train.x, train.y, test.x, test.y, data, partition, seed)
     fd.check()
     return fd
+
+
+def load_entry(data: DataConfig, seed: int, num_clients: int | None) -> Any:
+    """What the dataset's registered loader returns for this config: `loader(data, seed,
+    **data.kwargs)`, with `num_clients=` for a loader that generates its own clients (one that
+    takes that parameter). A loader that raises is a one-line error naming data.dataset."""
+    import inspect
+
+    from rayfl.registry import DATASETS
+
+    load = DATASETS.get(data.dataset).load()
+    kwargs = dict(getattr(data, "kwargs", {}))
+    try:
+        if "num_clients" in inspect.signature(load).parameters:
+            kwargs["num_clients"] = num_clients
+    except (TypeError, ValueError):
+        pass
+    try:
+        return load(data, seed, **kwargs)
+    except (ConfigError, DatasetError):
+        raise
+    except Exception as e:
+        raise ConfigError("data.dataset", f"loading {data.dataset!r} failed: {type(e).__name__}: {' '.join(str(e).split())}") from e
+
+
+def _natural_from_pool(train: ArrayDataset, test: ArrayDataset, data: DataConfig, partition: PartitionConfig, seed: int) -> FederatedDataset:
+    """The pool's own clients (`groups`): each keeps its train rows, its test rows are its test
+    set, and with `server_fraction` each hands floor(fraction * n_k) random train rows to the
+    server, so the server's share is spread over all clients and nobody is left empty."""
+    if train.groups is None:
+        raise ConfigError("partition.method", f"'natural' keeps a dataset's own clients; {data.dataset!r} has none here "
+                          "(a file dataset gets them from data.client_column)")
+    count = train.num_groups if train.num_groups is not None else 1 + int(max(
+        train.groups.max(initial=-1), -1 if test.groups is None else test.groups.max(initial=-1)))
+    # the same seeded choice of clients for the train and the test rows
+    client_train = partition_indices(train.y, partition, numpy_rng(seed, "partition"), train.groups, count)
+    client_test = None
+    if test.groups is not None:
+        client_test = partition_indices(test.y, partition, numpy_rng(seed, "partition"), test.groups, count)
+    server = None
+    if data.server_fraction > 0:
+        owner = np.full(len(train), -1, dtype=np.int64)
+        for k, idx in enumerate(client_train):
+            owner[idx] = k
+        kept = owner >= 0
+        n_train = np.array([len(i) for i in client_train], dtype=np.int64)
+        mask = np.zeros(len(owner), dtype=bool)
+        mask[kept] = _natural_server_mask(owner[kept], n_train, data.server_fraction, numpy_rng(seed, "data.server"))
+        client_train = groups_from_owner(np.where(mask, -1, owner), len(client_train))
+        server = np.flatnonzero(mask).astype(np.int64)
+    return _compact(FederatedDataset(
+        name=train.name,
+        num_classes=train.num_classes,
+        input_shape=train.input_shape,
+        train_x=train.x,
+        train_y=train.y,
+        test_x=test.x,
+        test_y=test.y,
+        client_train=client_train,
+        client_test=client_test,
+        server_train=server,
+    ))
 
 
 def _build_from_pool(
@@ -146,7 +203,7 @@ def _build_from_pool(
     seed: int,
 ) -> FederatedDataset:
     server, pool = split_server(len(train_y), data.server_fraction, numpy_rng(seed, "data.server"))
-    local = partition_indices(partition.method, train_y[pool], partition, numpy_rng(seed, "partition"))
+    local = partition_indices(train_y[pool], partition, numpy_rng(seed, "partition"))
     clients = [pool[i] for i in local]  # pool is sorted, so each stays sorted
     client_test = None
     if partition.client_test == "proportional":
@@ -167,38 +224,6 @@ def _build_from_pool(
         server_train=server,
     )
     return _compact(fd)
-
-
-def _build_synthetic(data: DataConfig, partition: PartitionConfig, seed: int) -> FederatedDataset:
-    gen = generate_synthetic(data, partition.num_clients, seed)
-    n_train, n_test = split_clients(gen.sizes, data.test_fraction)
-    # Row r of client k is a test row when it is among the client's last n_test[k] rows.
-    offsets = gen.offsets
-    owner = np.repeat(np.arange(len(gen.sizes)), gen.sizes)
-    is_test = (np.arange(len(gen.y)) - offsets[owner]) >= n_train[owner]
-    train_x, train_y = gen.x[~is_test], gen.y[~is_test]
-    test_x, test_y = gen.x[is_test], gen.y[is_test]
-    name = f"synthetic({data.synthetic_alpha:g},{data.synthetic_beta:g})"
-    c = data.synthetic_classes
-    if partition.method != "natural":
-        return _build_from_pool(name, c, train_x, train_y, test_x, test_y, data, partition, seed)
-    train_owner = owner[~is_test]
-    server_mask = _natural_server_mask(train_owner, n_train, data.server_fraction, numpy_rng(seed, "data.server"))
-    client_train = groups_from_owner(np.where(server_mask, -1, train_owner), len(gen.sizes))
-    client_test = groups_from_owner(owner[is_test], len(gen.sizes))
-    server = np.flatnonzero(server_mask).astype(np.int64) if data.server_fraction > 0 else None
-    return FederatedDataset(
-        name=name,
-        num_classes=c,
-        input_shape=(data.synthetic_features,),
-        train_x=train_x,
-        train_y=train_y,
-        test_x=test_x,
-        test_y=test_y,
-        client_train=client_train,
-        client_test=client_test,
-        server_train=server,
-    )
 
 
 def _natural_server_mask(owner: np.ndarray, n_train: np.ndarray, fraction: float, rng: np.random.Generator) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""A Synthetic(alpha, beta) population generated on demand (`data.synthetic_lazy: true`).
+"""A Synthetic(alpha, beta) population generated on demand (`data.lazy: true`).
 
 The eager dataset (rayfl.data.synthetic) materialises every client's rows on the driver and
 ships them to the hosts: memory grows with the population (5.5 GB at 100,000 clients). Here
@@ -14,7 +14,7 @@ same distribution than the eager one with the same seed: a new dataset mode, not
 path to the same numbers.
 
 The global test set (evaluated on the driver) is the held-out rows of the first
-`data.synthetic_eval_clients` clients, an unbiased sample since clients are i.i.d. in k.
+`data.eval_clients` clients, an unbiased sample since clients are i.i.d. in k.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from rayfl.rng import numpy_rng
 
 def lazy_sizes(cfg: DataConfig, num_clients: int, seed: int) -> np.ndarray:
     """Every client's sample count: floor(lognormal(mu, sigma)) + min, capped at max."""
-    raw = numpy_rng(seed, "synthetic.lazy.sizes").lognormal(cfg.synthetic_size_mu, cfg.synthetic_size_sigma, size=num_clients)
-    return np.minimum(np.floor(raw) + cfg.synthetic_min_samples, cfg.synthetic_max_samples).astype(np.int64)
+    raw = numpy_rng(seed, "synthetic.lazy.sizes").lognormal(cfg.size_mu, cfg.size_sigma, size=num_clients)
+    return np.minimum(np.floor(raw) + cfg.min_client_samples, cfg.max_client_samples).astype(np.int64)
 
 
 @dataclass
@@ -47,7 +47,7 @@ class LazySynthetic:
     def _constants(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The feature scales and Synthetic-IID's shared model, made once per process."""
         if self._shared is None:
-            d, c = self.cfg.synthetic_features, self.cfg.synthetic_classes
+            d, c = self.cfg.features, self.cfg.classes
             std = np.power(np.arange(1, d + 1, dtype=np.float64), -1.2 / 2)
             shared = numpy_rng(self.seed, "synthetic.iid")
             self._shared = (std, shared.normal(0.0, 1.0, size=(c, d)), shared.normal(0.0, 1.0, size=c))
@@ -71,16 +71,18 @@ class LazyFederatedDataset:
     with `source` in place of row arrays and index sets (hosts make rows from it on demand).
     `train_x` / `train_y` hold no rows; `train_samples` counts the population's."""
 
+    from_config = True  # made from the run's config alone
+
     def __init__(self, data: DataConfig, num_clients: int, seed: int):
         self.source = LazySynthetic(data, seed, lazy_sizes(data, num_clients, seed))
-        self.name = f"synthetic_lazy({data.synthetic_alpha:g},{data.synthetic_beta:g})"
-        self.num_classes = data.synthetic_classes
-        self.input_shape = (data.synthetic_features,)
+        self.name = f"synthetic_lazy({data.alpha:g},{data.beta:g})"
+        self.num_classes = data.classes
+        self.input_shape = (data.features,)
         n_train, _ = split_clients(self.source.sizes, data.test_fraction)
         self._train_sizes = n_train
-        self.train_x = np.zeros((0, data.synthetic_features), dtype=np.float32)
+        self.train_x = np.zeros((0, data.features), dtype=np.float32)
         self.train_y = np.zeros(0, dtype=np.int64)
-        evals = [self.source.client_arrays(k)[2:] for k in range(min(num_clients, data.synthetic_eval_clients))]
+        evals = [self.source.client_arrays(k)[2:] for k in range(min(num_clients, data.eval_clients))]
         self.test_x = np.concatenate([x for x, _ in evals])
         self.test_y = np.concatenate([y for _, y in evals])
         self.client_train = None  # no index sets: see `source`
@@ -96,7 +98,7 @@ class LazyFederatedDataset:
         return int(self._train_sizes.sum())
 
     def client_sizes(self) -> np.ndarray:
-        """Training samples per client (>= 1 each: synthetic_min_samples >= 2)."""
+        """Training samples per client (>= 1 each: min_client_samples >= 2)."""
         return self._train_sizes
 
     def empty_clients(self) -> np.ndarray:
@@ -118,7 +120,7 @@ class LazyFederatedDataset:
         return "\n".join([
             f"{self.name}: {self.num_clients} clients generated on demand, {self.num_classes} classes, input shape {self.input_shape}",
             f"client train sizes: min {s.min()} / median {np.median(s):g} / max {s.max()} (total {s.sum()})",
-            f"global test: {len(self.test_y)} rows from the first {min(self.num_clients, self.source.cfg.synthetic_eval_clients)} clients",
+            f"global test: {len(self.test_y)} rows from the first {min(self.num_clients, self.source.cfg.eval_clients)} clients",
         ])
 
     def check(self) -> None:

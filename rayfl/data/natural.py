@@ -11,27 +11,96 @@ Client k of the result is the k-th kept user in id order."""
 from __future__ import annotations
 
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from rayfl.config import DataConfig
+from rayfl.config import ConfigError, DataConfig
 from rayfl.data import gldv2, tff
 from rayfl.data.errors import DatasetError
 from rayfl.data.sources import data_root
 from rayfl.rng import numpy_rng
 
 
-def load_natural(data: DataConfig, seed: int):
-    """The FederatedDataset of `data.dataset` (emnist, gldv2 or stackoverflow)."""
-    root = data_root(data.data_dir) / data.dataset
-    if data.dataset == "emnist":
-        return _emnist(root, data, seed)
-    if data.dataset == "stackoverflow":
-        return _stackoverflow(root, data, seed)
-    if data.dataset == "gldv2":
-        return _gldv2(root, data, seed)
-    raise DatasetError(f"{data.dataset!r} is not a naturally federated dataset")
+@dataclass
+class NaturalDataConfig(DataConfig):
+    """A naturally federated dataset read from TFF's files under `data_dir/<dataset>/`: keep
+    users with at least `min_client_train` training and `min_client_test` test samples, then a
+    seeded subsample of `max_clients` of them (null: all); each keeps at most `max_client_train`
+    training samples (its first ones, as TFF orders them; null: all)."""
+
+    min_client_train: int = 0
+    min_client_test: int = 0
+    max_clients: int | None = None
+    max_client_train: int | None = None
+
+    def validate(self) -> None:
+        super().validate()
+        for key in ("min_client_train", "min_client_test"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"data.{key}", f"must be >= 0, got {getattr(self, key)}")
+        for key in ("max_clients", "max_client_train"):
+            if getattr(self, key) is not None and getattr(self, key) <= 0:
+                raise ConfigError(f"data.{key}", f"must be > 0, got {getattr(self, key)}")
+
+    def has_own_clients(self) -> bool:
+        return True
+
+    def splittable(self) -> bool:
+        return False
+
+
+@dataclass
+class StackOverflowConfig(NaturalDataConfig):
+    """TFF's StackOverflow next-word prediction: the `vocab_size` most frequent words,
+    sequences of `seq_len` tokens (FFGG's Table 1 uses 10,000 and 20)."""
+
+    dataset: str = "stackoverflow"
+    vocab_size: int = 10000
+    seq_len: int = 20
+
+    def validate(self) -> None:
+        super().validate()
+        for key in ("vocab_size", "seq_len"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"data.{key}", f"must be > 0, got {getattr(self, key)}")
+
+
+@dataclass
+class GLDv2Config(NaturalDataConfig):
+    """Google Landmarks v2 (the federated split by photographer): images resized to
+    `image_size`, `test_fraction` of each user's images as its test set."""
+
+    dataset: str = "gldv2"
+    image_size: int = 224
+
+    def validate(self) -> None:
+        super().validate()
+        if self.image_size <= 0:
+            raise ConfigError("data.image_size", f"must be > 0, got {self.image_size}")
+
+
+def load_natural(data: NaturalDataConfig, seed: int):
+    """The FederatedDataset of a naturally federated `data.dataset` (its registered loader)."""
+    from rayfl.registry import DATASETS
+
+    return DATASETS.get(data.dataset).load()(data, seed)
+
+
+def load_emnist(data: NaturalDataConfig, seed: int):
+    """TFF's federated EMNIST-62: its writers are the clients."""
+    return _emnist(data_root(data.data_dir) / data.dataset, data, seed)
+
+
+def load_stackoverflow(data: StackOverflowConfig, seed: int):
+    """TFF's StackOverflow: its users are the clients."""
+    return _stackoverflow(data_root(data.data_dir) / data.dataset, data, seed)
+
+
+def load_gldv2(data: GLDv2Config, seed: int):
+    """GLDv2's federated split: its photographers are the clients."""
+    return _gldv2(data_root(data.data_dir) / data.dataset, data, seed)
 
 
 def select_clients(counts: dict[str, tuple[int, int]], data: DataConfig, seed: int) -> list[str]:

@@ -1,49 +1,47 @@
 """Partitioners: how a pool of labelled samples is split across clients.
 
-Each partitioner is a pure function of (labels, num_clients, params, rng) returning one sorted
+Each partitioner is a pure function of (labels, num_clients, cfg, rng) returning one sorted
 int64 index array per client, all disjoint. Its only randomness is `rng`, so a partition is
-reproducible from the run seed. New schemes join via `register_partitioner`.
+reproducible from the run seed. They are registered in rayfl.registry.PARTITIONERS, each with
+its config class (`partition.alpha` is Dirichlet's), exactly as a user's partitioner would be.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
 from rayfl.config import ConfigError, PartitionConfig
+from rayfl.registry import PARTITIONERS
 
-Partitioner = Callable[[np.ndarray, int, PartitionConfig, np.random.Generator], list[np.ndarray]]
-
-PARTITIONERS: dict[str, Partitioner] = {}
 DIRICHLET_MAX_TRIES = 1000
 
 
-def register_partitioner(name: str) -> Callable[[Partitioner], Partitioner]:
-    """Make a partitioner available to `partition_indices` under `name`."""
-
-    def wrap(fn: Partitioner) -> Partitioner:
-        PARTITIONERS[name] = fn
-        return fn
-
-    return wrap
-
-
 def partition_indices(
-    method: str, labels: np.ndarray, cfg: PartitionConfig, rng: np.random.Generator
+    labels: np.ndarray, cfg: PartitionConfig, rng: np.random.Generator,
+    groups: np.ndarray | None = None, num_groups: int | None = None,
 ) -> list[np.ndarray]:
-    """Split `labels`' positions across `cfg.num_clients` clients with the named scheme."""
-    if method == "natural":
-        raise ConfigError(
-            "partition.method", "'natural' keeps a dataset's own clients (synthetic only); it does not split a pool"
-        )
-    if method not in PARTITIONERS:
-        raise ConfigError("partition.method", f"unknown partitioner {method!r}; registered: {sorted(PARTITIONERS)}")
+    """Split `labels`' positions across `cfg.num_clients` clients with the partitioner
+    `cfg.method` (`groups`: the pool's own client of each sample as codes below `num_groups`,
+    for `natural`). A user's partitioner that returns the wrong number of parts, or overlapping
+    or out-of-range indices, is a ConfigError at partition.method."""
+    split = PARTITIONERS.get(cfg.method).load()
+    extra: dict[str, Any] = dict(getattr(cfg, "kwargs", {}))
+    if cfg.keeps_dataset_clients:
+        extra.update(groups=groups, num_groups=num_groups)
     labels = np.asarray(labels, dtype=np.int64)
-    parts = PARTITIONERS[method](labels, cfg.num_clients, cfg, rng)
-    if len(parts) != cfg.num_clients:
-        raise ValueError(f"partitioner {method!r} returned {len(parts)} parts for {cfg.num_clients} clients")
-    return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
+    parts = split(labels, cfg.num_clients, cfg, rng, **extra)
+    if not cfg.keeps_dataset_clients and len(parts) != cfg.num_clients:
+        raise ConfigError("partition.method", f"partitioner {cfg.method!r} returned {len(parts)} parts for {cfg.num_clients} clients")
+    out = [np.sort(np.asarray(p, dtype=np.int64).reshape(-1)) for p in parts]
+    owned = np.concatenate(out) if out else np.zeros(0, np.int64)
+    if len(owned) and (owned.min() < 0 or owned.max() >= len(labels)):
+        raise ConfigError("partition.method", f"partitioner {cfg.method!r} returned indices outside [0, {len(labels)})")
+    if len(np.unique(owned)) != len(owned):
+        raise ConfigError("partition.method", f"partitioner {cfg.method!r} gave a sample to more than one client")
+    return out
 
 
 def groups_from_owner(owner: np.ndarray, num_clients: int) -> list[np.ndarray]:
@@ -78,14 +76,104 @@ def _need_samples(n: int, num_clients: int) -> None:
 # --------------------------------------------------------------------------- schemes
 
 
-@register_partitioner("iid")
+@dataclass
+class NaturalConfig(PartitionConfig):
+    """The dataset's own clients: Synthetic(alpha, beta)'s devices, EMNIST's writers, or one
+    client per distinct value of a file dataset's `data.client_column` (`num_clients` of them,
+    a seeded choice; null keeps all)."""
+
+    method: str = "natural"
+    keeps_dataset_clients: ClassVar[bool] = True
+
+
+@dataclass
+class DirichletConfig(PartitionConfig):
+    """Each class is split across clients with proportions ~ Dir(`alpha`) (smaller is more
+    skewed; 0.1 to 1 is the usual range), redrawn until every client has `min_size` samples."""
+
+    method: str = "dirichlet"
+    alpha: float = 0.5
+    min_size: int = 10
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.alpha > 0:
+            raise ConfigError("partition.alpha", f"Dirichlet concentration must be > 0, got {self.alpha}")
+        if self.min_size < 0:
+            raise ConfigError("partition.min_size", f"must be >= 0, got {self.min_size}")
+
+
+@dataclass
+class QuantitySkewConfig(PartitionConfig):
+    """One random client gets `big_client_size` samples, every other `small_client_size`."""
+
+    method: str = "quantity_skew"
+    big_client_size: int = 5000
+    small_client_size: int = 20
+
+    def validate(self) -> None:
+        super().validate()
+        for key in ("big_client_size", "small_client_size"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"partition.{key}", f"must be > 0, got {getattr(self, key)}")
+
+
+@dataclass
+class DominantClassConfig(PartitionConfig):
+    """Client i's data is a fraction `rho` of class i mod C, the rest spread over the other
+    classes; `samples_per_client` each (null: pool // clients). rho = 1/C is IID."""
+
+    method: str = "dominant_class"
+    rho: float = 0.8
+    samples_per_client: int | None = None
+
+    def validate(self) -> None:
+        super().validate()
+        if not 0 <= self.rho <= 1:
+            raise ConfigError("partition.rho", f"must be in [0, 1], got {self.rho}")
+        if self.samples_per_client is not None and self.samples_per_client <= 0:
+            raise ConfigError("partition.samples_per_client", f"must be > 0, got {self.samples_per_client}")
+
+
+@dataclass
+class ShardsConfig(PartitionConfig):
+    """Sort by label, cut into num_clients x `shards_per_client` shards, give each client
+    `shards_per_client` random ones (2 is McMahan et al.'s pathological non-IID)."""
+
+    method: str = "shards"
+    shards_per_client: int = 2
+
+    def validate(self) -> None:
+        super().validate()
+        if self.shards_per_client <= 0:
+            raise ConfigError("partition.shards_per_client", f"must be > 0, got {self.shards_per_client}")
+
+
+@PARTITIONERS.register("natural", config=NaturalConfig, summary="The dataset's own clients (generated devices, writers, a client column)", origin="built-in")
+def natural(labels: np.ndarray, num_clients: int | None, cfg: PartitionConfig, rng: np.random.Generator,
+            groups: np.ndarray | None = None, num_groups: int | None = None) -> list[np.ndarray]:
+    """One client per group (a generated device, a writer: codes 0..num_groups-1), in code
+    order; `num_clients` of them (a seeded choice, kept in order), or all when None."""
+    if groups is None:
+        raise ConfigError("partition.method", "'natural' keeps a dataset's own clients; this pool has none (set data.client_column)")
+    groups = np.asarray(groups, dtype=np.int64)
+    count = num_groups if num_groups is not None else (int(groups.max()) + 1 if len(groups) else 0)
+    keep = np.arange(count)
+    if num_clients is not None and num_clients < count:
+        keep = np.sort(rng.choice(count, num_clients, replace=False))
+    code = np.full(count, -1, dtype=np.int64)
+    code[keep] = np.arange(len(keep))
+    return groups_from_owner(code[groups], len(keep))
+
+
+@PARTITIONERS.register("iid", config=PartitionConfig, summary="IID: a random permutation cut into near-equal parts", origin="built-in")
 def iid(labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: np.random.Generator) -> list[np.ndarray]:
     """A random permutation cut into near-equal parts."""
     _need_samples(len(labels), num_clients)
     return [np.sort(p) for p in np.array_split(rng.permutation(len(labels)), num_clients)]
 
 
-@register_partitioner("dirichlet")
+@PARTITIONERS.register("dirichlet", config=DirichletConfig, summary="Label skew: per-class proportions ~ Dir(alpha) (Li et al., ICDE 2022)", origin="built-in")
 def dirichlet(labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: np.random.Generator) -> list[np.ndarray]:
     """Label skew: each class is split across clients with proportions ~ Dir(alpha), redrawn
     until every client has at least `min_size` samples (Li et al., ICDE'22)."""
@@ -113,7 +201,7 @@ def dirichlet(labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: n
     )
 
 
-@register_partitioner("quantity_skew")
+@PARTITIONERS.register("quantity_skew", config=QuantitySkewConfig, summary="One big client, the rest small, IID labels (ComFedL's MNIST)", origin="built-in")
 def quantity_skew(labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: np.random.Generator) -> list[np.ndarray]:
     """ComFedL's imbalanced MNIST: one random client gets `big_client_size` samples, every
     other client `small_client_size`, all drawn IID without replacement."""
@@ -157,7 +245,7 @@ def dominant_class_counts(num_clients: int, num_classes: int, n: int, rho: float
     return counts
 
 
-@register_partitioner("dominant_class")
+@PARTITIONERS.register("dominant_class", config=DominantClassConfig, summary="Client i takes a fraction rho of class i mod C (ComFedL's CIFAR-10)", origin="built-in")
 def dominant_class(labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: np.random.Generator) -> list[np.ndarray]:
     """ComFedL's CIFAR-10 label skew: client i's data is a fraction rho of class i mod C
     (rho = 1/C is IID), drawn without replacement."""
@@ -189,7 +277,7 @@ def dominant_class(labels: np.ndarray, num_clients: int, cfg: PartitionConfig, r
     ]
 
 
-@register_partitioner("shards")
+@PARTITIONERS.register("shards", config=ShardsConfig, summary="Sorted-label shards, shards_per_client each (McMahan et al. 2017)", origin="built-in")
 def shards(labels: np.ndarray, num_clients: int, cfg: PartitionConfig, rng: np.random.Generator) -> list[np.ndarray]:
     """McMahan et al.: sort by label, cut into num_clients x shards_per_client shards, give
     each client shards_per_client random ones."""

@@ -5,7 +5,7 @@ b_k ~ N(u_k, 1) [C]; its feature mean v_k ~ N(B_k, 1) [d]; samples x ~ N(v_k, di
 and y = argmax(W_k x + b_k). Alpha controls how much the client models differ, beta how much
 their inputs do. As in the reference code, the second argument of N(., .) is a standard
 deviation. Each client has its own random stream, so client k's data does not depend on how
-many clients are generated. `synthetic_iid` gives FedProx's Synthetic-IID instead: every client
+many clients are generated. `iid` gives FedProx's Synthetic-IID instead: every client
 shares one W, b ~ N(0, 1) and x ~ N(0, diag(j^-1.2)).
 """
 
@@ -15,8 +15,88 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rayfl.config import ConfigError, DataConfig
+from rayfl.config import ConfigError, DataConfig, PartitionConfig
 from rayfl.rng import numpy_rng
+
+
+@dataclass
+class SyntheticConfig(DataConfig):
+    """LEAF / FedProx Synthetic(`alpha`, `beta`) (or Synthetic-IID with `iid: true`):
+    `features`-dimensional inputs, `classes` labels, one device per client (partition.num_clients
+    of them with `partition.method: natural`), each with floor(lognormal(`size_mu`,
+    `size_sigma`)) + `min_client_samples` samples, at most `max_client_samples`; the last
+    `test_fraction` of each device's samples are its test set.
+
+    `lazy: true` generates the population on demand (rayfl.data.lazy): hosts make a client's
+    rows from its own seeded stream when it runs, so memory follows the clients of a round, not
+    the population; the global test set is the held-out rows of the first `eval_clients`."""
+
+    dataset: str = "synthetic"
+    alpha: float = 1.0
+    beta: float = 1.0
+    iid: bool = False
+    features: int = 60
+    classes: int = 10
+    size_mu: float = 4.0
+    size_sigma: float = 2.0
+    min_client_samples: int = 50
+    max_client_samples: int = 2000
+    lazy: bool = False
+    eval_clients: int = 1000
+
+    def validate(self) -> None:
+        super().validate()
+        if self.alpha < 0 or self.beta < 0:
+            raise ConfigError("data.alpha", "alpha and beta must be >= 0")
+        for key in ("features", "eval_clients"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"data.{key}", f"must be > 0, got {getattr(self, key)}")
+        if self.classes < 2:
+            raise ConfigError("data.classes", "must be >= 2")
+        if self.min_client_samples < 2:
+            raise ConfigError("data.min_client_samples", "each client needs >= 2 samples (one train, one test)")
+        if self.max_client_samples < self.min_client_samples:
+            raise ConfigError("data.max_client_samples", "must be >= data.min_client_samples")
+        if self.max_samples is not None:
+            raise ConfigError("data.max_samples", "Synthetic(alpha, beta) is sized per client: use data.max_client_samples")
+        if self.lazy and self.server_fraction > 0:
+            raise ConfigError("data.lazy", "a lazy population has no server share: set data.server_fraction: 0")
+
+    def has_own_clients(self) -> bool:
+        return True
+
+    def planned_clients(self, partition: PartitionConfig) -> int | None:
+        return partition.num_clients  # generated: exactly that many
+
+    def splittable(self) -> bool:
+        return not self.lazy  # a lazy population has no pool to split
+
+    def generated_by_rayfl(self) -> bool:
+        return not self.lazy
+
+
+def load_synthetic(cfg: SyntheticConfig, seed: int, num_clients: int | None = None):
+    """`num_clients` devices as a train / test pool whose rows know their device (`groups`):
+    kept as the clients with `natural`, pooled and split by any other partitioner. A lazy
+    population is a LazyFederatedDataset (rows made on the hosts)."""
+    from rayfl.data.datasets import ArrayDataset
+
+    if num_clients is None:
+        raise ConfigError("partition.num_clients", "Synthetic(alpha, beta) needs a number of clients to generate")
+    if cfg.lazy:
+        from rayfl.data.lazy import LazyFederatedDataset
+
+        return LazyFederatedDataset(cfg, num_clients, seed)
+    gen = generate_synthetic(cfg, num_clients, seed)
+    n_train, _ = split_clients(gen.sizes, cfg.test_fraction)
+    # Row r of client k is a test row when it is among the client's last n_test[k] rows.
+    owner = np.repeat(np.arange(len(gen.sizes)), gen.sizes)
+    is_test = (np.arange(len(gen.y)) - gen.offsets[owner]) >= n_train[owner]
+    name = f"synthetic({cfg.alpha:g},{cfg.beta:g})"
+    return (
+        ArrayDataset(gen.x[~is_test], gen.y[~is_test], cfg.classes, name, groups=owner[~is_test], num_groups=num_clients),
+        ArrayDataset(gen.x[is_test], gen.y[is_test], cfg.classes, name, groups=owner[is_test], num_groups=num_clients),
+    )
 
 
 @dataclass
@@ -34,18 +114,18 @@ class SyntheticClients:
 
 def client_size(rng: np.random.Generator, cfg: DataConfig) -> int:
     """int(lognormal(mu, sigma)) + min_samples, capped at max_samples."""
-    raw = rng.lognormal(cfg.synthetic_size_mu, cfg.synthetic_size_sigma)
+    raw = rng.lognormal(cfg.size_mu, cfg.size_sigma)
     # Cap before the int conversion: a heavy lognormal tail can exceed the int64 range.
-    return int(min(np.floor(raw) + cfg.synthetic_min_samples, cfg.synthetic_max_samples))
+    return int(min(np.floor(raw) + cfg.min_client_samples, cfg.max_client_samples))
 
 
 def generate_synthetic(cfg: DataConfig, num_clients: int, seed: int) -> SyntheticClients:
     """Generate `num_clients` Synthetic(alpha, beta) clients with their own sizes."""
-    if cfg.synthetic_min_samples < 2:
+    if cfg.min_client_samples < 2:
         raise ConfigError(
-            "data.synthetic_min_samples", "must be >= 2 so every client has a train and a test sample"
+            "data.min_client_samples", "must be >= 2 so every client has a train and a test sample"
         )
-    d, c = cfg.synthetic_features, cfg.synthetic_classes
+    d, c = cfg.features, cfg.classes
     std = np.power(np.arange(1, d + 1, dtype=np.float64), -1.2 / 2)  # sqrt of the diagonal covariance
     xs, ys, sizes = [], [], np.empty(num_clients, dtype=np.int64)
     shared = numpy_rng(seed, "synthetic.iid")
@@ -65,13 +145,13 @@ def draw_client(
 ) -> tuple[np.ndarray, np.ndarray]:
     """One client's n samples (float32 x, int64 y) from its own stream, after its size was
     drawn: shared by the eager generator and the lazy population (rayfl.data.lazy)."""
-    d, c = cfg.synthetic_features, cfg.synthetic_classes
-    u = rng.normal(0.0, cfg.synthetic_alpha)
-    b_mean = rng.normal(0.0, cfg.synthetic_beta)
+    d, c = cfg.features, cfg.classes
+    u = rng.normal(0.0, cfg.alpha)
+    b_mean = rng.normal(0.0, cfg.beta)
     w = rng.normal(u, 1.0, size=(c, d))
     b = rng.normal(u, 1.0, size=c)
     v = rng.normal(b_mean, 1.0, size=d)
-    if cfg.synthetic_iid:  # FedProx's Synthetic-IID: one model, one input distribution
+    if cfg.iid:  # FedProx's Synthetic-IID: one model, one input distribution
         w, b, v = w_iid, b_iid, np.zeros(d)
     x = v + rng.standard_normal((n, d)) * std
     # softmax is monotone, so argmax(softmax(z)) == argmax(z).

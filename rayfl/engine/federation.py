@@ -14,6 +14,7 @@ does in that order is identical whatever the number of hosts or the order future
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -24,7 +25,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from rayfl.config import Config
+from rayfl.config import Config, ConfigError
 from rayfl.data import FederatedDataset
 from rayfl.engine.asyncpool import AsyncPool, TaskInput, host_lost
 from rayfl.engine.checkpoint import CHECKPOINT_FILE, Checkpoint, load_checkpoint, save_checkpoint
@@ -47,6 +48,7 @@ from rayfl.engine.tasks import (
 from rayfl.models import build_model
 from rayfl.models.metrics import loss_correct_count
 from rayfl.models.params import get_flat, set_flat
+from rayfl.registry import Plugins
 from rayfl.rng import derive_seed, numpy_rng
 
 ProgressFn = Callable[[dict[str, Any]], None]
@@ -132,6 +134,7 @@ class Federation:
         self.tasks_discarded = 0  # in flight when an async run ended: never logged
         self.client_tags: dict[int, dict[str, Any]] = {}  # extra `clients` columns per client (e.g. byzantine)
 
+        self.plugins = Plugins.of(cfg)  # the user code hosts must import
         self.model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.forward_flops = forward_flops_per_sample(self.model, dataset.input_shape)
@@ -186,7 +189,17 @@ class Federation:
             raise
         for h, name in self._pooled.items():
             self.host_info[h]["pool"] = name
+        self.hosts = hosts
+        self._check_started(self.host_info)
         return hosts
+
+    def _check_started(self, infos: list[dict[str, Any]]) -> None:
+        """A host that could not import the run's user code fails the run at start, in one
+        line naming the job key, the import path and the node."""
+        for info in infos:
+            if "start_error" in info:
+                self.shutdown()
+                raise ConfigError(*info["start_error"])
 
     def _host_arrays(self) -> Any:
         """What the hosts get of the dataset's rows, through the object store once: a lazy
@@ -240,9 +253,9 @@ class Federation:
         else:
             train = {int(c): ds.client_train[c] for c in ids}
             test = {int(c): ds.client_test[c] for c in ids} if ds.client_test is not None else None
-        args = (h, self._arrays_ref, train, test, self.cfg.model, tuple(ds.input_shape), ds.num_classes, self.seed,
-                self.cfg.engine.torch_threads, self.cfg.engine.device, self.forward_flops, self.cfg.system.backward_cost)
-        return args, {"vectorize": self.cfg.engine.vectorize}
+        args = (h, self._arrays_ref, train, test, dataclasses.asdict(self.cfg.model), tuple(ds.input_shape), ds.num_classes,
+                self.seed, self.cfg.engine.torch_threads, self.cfg.engine.device, self.forward_flops, self.cfg.system.backward_cost)
+        return args, {"vectorize": self.cfg.engine.vectorize, "plugins": self.plugins}
 
     def _spawn_host(self, h: int) -> Any:
         """Start the actor for host `h`'s clients (at start-up, or to replace a dead host; Ray's
@@ -625,6 +638,7 @@ class Federation:
             self._leases.replace.append(name)
         self._decisions.pop(h, None)  # decisions for tasks staged on the dead actor: moot
         host = self._spawn_host(h)
+        self._check_started([ray.get(host.info.remote())])  # its node may not have the user code
         mine = set(int(c) for c in self.placement.assignment[h])
         base = {c: st for c, st in self.base_client_states().items() if c in mine}
         waits = [host.import_states.remote(base)] if base else []

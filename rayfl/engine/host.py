@@ -24,13 +24,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from rayfl.config import ModelConfig
+from rayfl.config import ConfigError, ModelConfig, section_config
 from rayfl.data.lazy import ClientIds
 from rayfl.engine.context import ClientContext
 from rayfl.engine.exact_sum import KeptValue, fixed_point_sum
 from rayfl.engine.payload import payload_nbytes, to_numpy_tree
 from rayfl.engine.vectorized import BatchedFn, use_batched
 from rayfl.models import build_model
+from rayfl.registry import Plugins
 
 ClientFn = Callable[..., dict]
 
@@ -44,7 +45,7 @@ class ClientHostImpl:
         arrays: Mapping[str, np.ndarray],
         client_train: Mapping[int, np.ndarray],
         client_test: Mapping[int, np.ndarray] | None,
-        model_cfg: ModelConfig,
+        model_cfg: ModelConfig | Mapping[str, Any],
         input_shape: tuple[int, ...],
         num_classes: int,
         seed: int,
@@ -53,7 +54,20 @@ class ClientHostImpl:
         flops_per_sample: float = 0.0,
         backward_cost: float = 3.0,
         vectorize: str = "off",
+        plugins: Plugins | None = None,
     ):
+        # The run's user code first: what it names must import here before anything uses it
+        # (the model's config may be a user's class, so it comes as a mapping). A host that
+        # cannot import it says so in `info()`, which the driver turns into a one-line error.
+        self.start_error: tuple[str, str] | None = None
+        if plugins is not None:
+            try:
+                plugins.install(f"node {_node_ip()}, host {host_id}")
+            except ConfigError as e:
+                self.start_error = (e.key, str(e).partition(": ")[2])
+                return
+        if isinstance(model_cfg, Mapping):
+            model_cfg = section_config("model", **model_cfg)
         torch.set_num_threads(torch_threads)
         retain_freed_memory()
         self.vectorize = vectorize  # engine.vectorize: run opted-in algorithms' clients as one batch
@@ -266,6 +280,8 @@ class ClientHostImpl:
         self.staged.clear()
 
     def info(self) -> dict[str, Any]:
+        if self.start_error is not None:
+            return {"host": self.host_id, "start_error": self.start_error}
         return {
             "host": self.host_id,
             "pid": os.getpid(),
@@ -297,6 +313,18 @@ def copy_state(state: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = copy.deepcopy(value)
     return out
+
+
+def _node_ip() -> str:
+    """This machine's address as Ray names its node (the hostname outside Ray)."""
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:
+        import socket
+
+        return socket.gethostname()
 
 
 def _node_id() -> str | None:

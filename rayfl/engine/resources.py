@@ -349,26 +349,43 @@ def available_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def check_local_cluster(cfg: EngineConfig, num_clients: int) -> None:
+def check_local_cluster(cfg: EngineConfig, num_clients: int | None) -> None:
     """`check_cluster` for the local Ray a run is about to start, before it starts: a mistake
-    is then said in a second, not after Ray's start (5 s and more here). That Ray's one node
-    will have Ray's own count of this machine's CPUs (cgroup limits included) and the GPUs
-    torch sees. A GPU request that torch cannot see is left to the check after the start:
-    Ray may count GPUs this torch build cannot use."""
+    is then said in a second, not after Ray's start (5 s and more here), and before the
+    dataset is built. That Ray's one node will have Ray's own count of this machine's CPUs
+    (cgroup limits included) and of its GPUs. A GPU that Ray counts and torch cannot use is
+    left to the check after the start. `num_clients` None (not known before the data): the
+    host count of `clients_per_host: auto` does not depend on it, an explicit one is not checked."""
     import torch
 
     from rayfl.engine.placement import plan_placement
 
+    if num_clients is None:
+        if cfg.clients_per_host != "auto" and cfg.num_hosts is None:
+            return
+        num_clients = 1 << 16  # auto: one host per CPU / GPU share, as many as fit
     try:
         from ray._private.utils import get_num_cpus  # what `ray.init` itself counts
     except ImportError:  # a Ray that moved it
         get_num_cpus = available_cpus
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if cfg.num_gpus_per_host > 0 and gpus == 0:
+    torch_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    ray_gpus = ray_gpu_count()
+    if (cfg.num_gpus_per_host > 0 or cfg.device == "cuda") and torch_gpus == 0 and ray_gpus > 0:
         return
-    node = {"CPU": float(get_num_cpus()), "GPU": float(gpus)}
+    node = {"CPU": float(get_num_cpus()), "GPU": float(max(torch_gpus, ray_gpus))}
     placement = plan_placement(cfg, num_clients, node)
     check_request(host_request(cfg, placement, num_clients), Capacity((NodeGroup(node),), source="alive nodes"))
+
+
+def ray_gpu_count() -> int:
+    """The GPUs `ray.init` will count on this machine (its NVIDIA accelerator manager), 0 when
+    that cannot be asked."""
+    try:
+        from ray._private import accelerators
+
+        return int(accelerators.get_accelerator_manager_for_resource("GPU").get_current_node_num_accelerators())
+    except Exception:
+        return 0
 
 
 def check_cluster(cfg: EngineConfig, num_clients: int) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from torch import nn
 
-from rayfl.config import ConfigError, ModelConfig, build_section
+from rayfl.config import ConfigError, ModelConfig, recorded_section
 
 
 def initial_vector(target: nn.Module, fresh: np.ndarray, init_from: str, input_shape: tuple[int, ...], num_classes: int) -> np.ndarray:
@@ -50,7 +50,7 @@ def run_final_params(run_dir: Path, input_shape: tuple[int, ...], num_classes: i
 
     location, manifest = run_manifest(run_dir)
     config = manifest["config"]
-    cfg = build_section(ModelConfig, config["model"], "model")
+    cfg = recorded_section("model", config["model"])
     ckpt = load_checkpoint(location)
     if ckpt is None:
         raise ConfigError("model.init_from", f"{run_dir} has no checkpoint.pkl (set output.checkpoint_every to divide run.rounds)")

@@ -1,53 +1,159 @@
-"""The networks clients train, built from a `ModelConfig`.
+"""The networks clients train: `build_model` builds the one a `ModelConfig` names through the
+model registry (rayfl.registry.MODELS), built-ins and users' alike, and the small built-in
+networks with their config classes.
 
 Every model returns logits and keeps its whole state in `parameters()` (no buffers), so a model
 is fully described by one flat float32 vector (see `rayfl.models.params`). That is what lets a
 host share one module between many clients and what makes `torch.func.functional_call` over a
-flat vector exact.
+flat vector exact; `build_model` refuses a model with buffers.
 
-Initialisation: `build_model` uses PyTorch's default initialisation, which draws from the
-global torch RNG, so `torch.manual_seed(s)` before `build_model` makes it reproducible (this is
-what the engine does). `init_params(model, generator)` redraws the same distributions from an
-explicit `torch.Generator` instead, for callers that must not touch global RNG state.
+Initialisation: `build_model` uses the model's own (PyTorch's default) initialisation, which
+draws from the global torch RNG, so `torch.manual_seed(s)` before `build_model` makes it
+reproducible (this is what the engine does). `init_params(model, generator)` redraws the same
+distributions from an explicit `torch.Generator` instead, for callers that must not touch global
+RNG state.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import nn
 
-from rayfl.config import ModelConfig
+from rayfl.config import ConfigError, ModelConfig
 
 
 def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """The network named by `cfg.name` for inputs of shape `input_shape` (no batch dim).
+    """The network `cfg.name` names for inputs of shape `input_shape` (no batch dim): its
+    factory called with `cfg.factory_kwargs()`, then LoRA adapters around it when
+    `cfg.adapter` asks for them and the factory does not build them itself. A factory that
+    fails or returns something else than a buffer-free `nn.Module` is a ConfigError at
+    `model.name`."""
+    from rayfl.registry import MODELS
 
-    `cfg.bias` switches the bias of every Linear and Conv2d layer (ZO-HFL's linear model has
-    none: d = 784 * 10 for MNIST). BatchNorm's affine scale and shift are always kept."""
     if num_classes < 2:
         raise ValueError(f"num_classes must be >= 2, got {num_classes}")
     shape = tuple(int(s) for s in input_shape)
     if not shape or any(s <= 0 for s in shape):
         raise ValueError(f"input_shape must be non-empty with positive sizes, got {input_shape}")
-    in_features = math.prod(shape)
-    if cfg.name in ("resnet18", "transformer") or getattr(cfg, "adapter", "none") != "none":
-        from rayfl.models.adapted import build_adapted  # FFGG's networks and adapters
+    factory = MODELS.get(cfg.name).load()
+    try:
+        model = factory(shape, num_classes, **cfg.factory_kwargs())
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise ConfigError("model.name", f"building {cfg.name!r} for inputs {shape} and {num_classes} classes failed: "
+                          f"{type(e).__name__}: {' '.join(str(e).split())}") from e
+    if not isinstance(model, nn.Module):
+        raise ConfigError("model.name", f"{cfg.name!r} returned a {type(model).__name__}, not a torch.nn.Module")
+    buffers = [n for n, _ in model.named_buffers()]
+    if buffers:
+        raise ConfigError(
+            "model.name",
+            f"{cfg.name!r} has buffers {buffers[:3]}: rayfl keeps a model's whole state in its parameters "
+            "(one flat vector per client); use parameters, or norms without running statistics "
+            "(BatchNorm(track_running_stats=False), GroupNorm, LayerNorm)",
+        )
+    if cfg.adapter == "lora" and not cfg.builds_adapters:
+        model = lora_around(model, cfg.adapter_rank)
+    return model
 
-        return build_adapted(cfg, shape, num_classes)
-    if cfg.name == "linear":
-        return nn.Sequential(nn.Flatten(), nn.Linear(in_features, num_classes, bias=cfg.bias))
-    if cfg.name == "mlp":
-        return mlp(in_features, list(cfg.hidden), num_classes, cfg.bias, activation=hidden_activation(cfg))
-    if cfg.name == "relu1":
-        if not cfg.hidden:
-            raise ValueError("relu1 needs one hidden width in model.hidden")
-        return mlp(in_features, [cfg.hidden[0]], num_classes, cfg.bias, activation=hidden_activation(cfg))
-    if cfg.name == "conv4":
-        return Conv4(shape, num_classes, cfg.conv_channels, cfg.bias)
-    raise ValueError(f"unknown model {cfg.name!r}; choose one of linear, mlp, relu1, conv4")
+
+def lora_around(base: nn.Module, rank: int) -> nn.Module:
+    """LoRA on a network's hidden Linear / Conv2d layers; the first and last stay plain (they
+    are the `input` and `output` personalization schemes' layers) unless there is nothing else."""
+    from rayfl.models.adapters import add_lora
+
+    layers = [n for n, m in base.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    skip = (layers[0], layers[-1]) if len(layers) > 2 else ()
+    return add_lora(base, rank, skip=skip)
+
+
+# --------------------------------------------------------------------------- built-in networks
+
+
+@dataclass
+class LinearConfig(ModelConfig):
+    """Multinomial logistic regression: one Linear layer on the flattened input. `bias: false`
+    is ZO-HFL's linear model (d = 784 * 10 for MNIST)."""
+
+    name: str = "linear"
+    bias: bool = True
+
+
+def build_linear(input_shape: tuple[int, ...], num_classes: int, bias: bool = True) -> nn.Module:
+    """Flatten, then one Linear layer to the logits."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes, bias=bias))
+
+
+@dataclass
+class MLPConfig(ModelConfig):
+    """A fully connected network: Linear + activation for each width in `hidden`, then a
+    Linear to the logits. `activation: softplus` is (1/beta) ln(1 + e^{beta t}) with beta =
+    `softplus_beta` (FedRZO App. D.1's smoothed network for first-order baselines);
+    `eval_activation: relu` evaluates it with the true ReLU (in eval mode) while clients train
+    the softplus."""
+
+    name: str = "mlp"
+    hidden: list[int] = field(default_factory=lambda: [200, 200])
+    bias: bool = True
+    activation: Literal["relu", "softplus"] = "relu"
+    softplus_beta: float = 10.0
+    eval_activation: Literal["same", "relu"] = "same"
+
+    def validate(self) -> None:
+        super().validate()
+        if len(self.hidden) < 1:
+            raise ConfigError("model.hidden", f"{self.name} needs a hidden width, e.g. [200, 200]")
+        for i, h in enumerate(self.hidden):
+            if h <= 0:
+                raise ConfigError(f"model.hidden[{i}]", f"must be > 0, got {h}")
+        if not self.softplus_beta > 0:
+            raise ConfigError("model.softplus_beta", f"must be > 0, got {self.softplus_beta}")
+
+
+def build_mlp(
+    input_shape: tuple[int, ...], num_classes: int, hidden: Sequence[int] = (200, 200), bias: bool = True,
+    activation: str = "relu", softplus_beta: float = 10.0, eval_activation: str = "same",
+) -> nn.Module:
+    """`mlp` on the flattened input with the configured hidden activation."""
+    act = hidden_activation(activation, softplus_beta, eval_activation)
+    return mlp(math.prod(input_shape), list(hidden), num_classes, bias, activation=act)
+
+
+@dataclass
+class ReLU1Config(MLPConfig):
+    """FedRZO's one-hidden-layer ReLU network: an `mlp` with the first width of `hidden` only."""
+
+    name: str = "relu1"
+
+
+def build_relu1(input_shape: tuple[int, ...], num_classes: int, hidden: Sequence[int] = (200,), **kwargs) -> nn.Module:
+    """`build_mlp` with one hidden layer of width hidden[0]."""
+    return build_mlp(input_shape, num_classes, list(hidden)[:1], **kwargs)
+
+
+@dataclass
+class Conv4Config(ModelConfig):
+    """MAML's Conv-4 (Finn et al., ICML 2017): four 3x3 conv / BatchNorm / ReLU / max-pool
+    blocks of `conv_channels` channels, then a Linear (see `Conv4`)."""
+
+    name: str = "conv4"
+    conv_channels: int = 32
+    bias: bool = True
+
+    def validate(self) -> None:
+        super().validate()
+        if self.conv_channels <= 0:
+            raise ConfigError("model.conv_channels", f"must be > 0, got {self.conv_channels}")
+
+
+def build_conv4(input_shape: tuple[int, ...], num_classes: int, conv_channels: int = 32, bias: bool = True) -> nn.Module:
+    return Conv4(input_shape, num_classes, conv_channels, bias)
 
 
 def mlp(
@@ -80,10 +186,10 @@ class SmoothedReLU(nn.Module):
         return torch.nn.functional.softplus(x, beta=self.beta)
 
 
-def hidden_activation(cfg: ModelConfig) -> Callable[[], nn.Module]:
-    """The factory of mlp / relu1's hidden nonlinearity named by `cfg.activation`."""
-    if cfg.activation == "softplus":
-        return lambda: SmoothedReLU(cfg.softplus_beta, cfg.eval_activation == "relu")
+def hidden_activation(activation: str, softplus_beta: float, eval_activation: str) -> Callable[[], nn.Module]:
+    """The factory of mlp / relu1's hidden nonlinearity."""
+    if activation == "softplus":
+        return lambda: SmoothedReLU(softplus_beta, eval_activation == "relu")
     return nn.ReLU
 
 

@@ -17,9 +17,13 @@ stem conv and the classifier stay plain: they are the `input` and `output` schem
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 from torch import nn
 
+from rayfl.config import ConfigError, ModelConfig
 from rayfl.models.adapters import ResidualAdapter2d, add_lora, group_count
 
 SMALL_IMAGE = 64
@@ -97,3 +101,28 @@ class ResNet18GN(nn.Module):
         x = self.pool(torch.relu(self.norm1(self.conv1(x))))
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
         return self.fc(torch.flatten(x.mean(dim=(2, 3)), 1))
+
+
+@dataclass
+class ResNet18Config(ModelConfig):
+    """ResNet-18 with GroupNorm (FFGG App. E): `width` is the first stage's channels (64 is
+    ResNet-18; smaller widths keep the topology for CPU runs), `norm_groups` GroupNorm's groups.
+    Builds its own adapters (`adapter: residual` or `lora` inside the residual blocks)."""
+
+    name: str = "resnet18"
+    width: int = 64
+    norm_groups: int = 2
+    builds_adapters: ClassVar[bool] = True
+
+    def validate(self) -> None:
+        super().validate()
+        for key in ("width", "norm_groups"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"model.{key}", f"must be > 0, got {getattr(self, key)}")
+
+
+def build_resnet18(
+    input_shape: tuple[int, ...], num_classes: int, width: int = 64, norm_groups: int = 2,
+    adapter: str = "none", adapter_rank: int = 16,
+) -> nn.Module:
+    return ResNet18GN(input_shape, num_classes, width, norm_groups, adapter, adapter_rank)

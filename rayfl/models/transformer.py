@@ -14,10 +14,14 @@ block. FFGG's input / output schemes for this model are the first / last block (
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rayfl.config import ConfigError, ModelConfig
 from rayfl.models.adapters import BottleneckAdapter, add_lora
 
 
@@ -79,3 +83,34 @@ class TransformerLM(nn.Module):
         for block in self.blocks:
             h = block(h)
         return self.head(self.ln_f(h)).transpose(1, 2)
+
+
+@dataclass
+class TransformerConfig(ModelConfig):
+    """A causal transformer language model over token sequences (FFGG's StackOverflow model):
+    `layers` pre-LN blocks of width `dim` with `heads` attention heads and an `ffn_dim`
+    feed-forward layer. Builds its own adapters (residual bottlenecks, or LoRA in its blocks)."""
+
+    name: str = "transformer"
+    dim: int = 256
+    layers: int = 4
+    heads: int = 4
+    ffn_dim: int = 1024
+    builds_adapters: ClassVar[bool] = True
+
+    def validate(self) -> None:
+        super().validate()
+        for key in ("dim", "layers", "heads", "ffn_dim"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"model.{key}", f"must be > 0, got {getattr(self, key)}")
+        if self.dim % self.heads:
+            raise ConfigError("model.heads", f"model.dim={self.dim} must be divisible by heads={self.heads}")
+
+
+def build_transformer(
+    input_shape: tuple[int, ...], num_classes: int, dim: int = 256, layers: int = 4, heads: int = 4,
+    ffn_dim: int = 1024, adapter: str = "none", adapter_rank: int = 16,
+) -> nn.Module:
+    if len(input_shape) != 1:
+        raise ValueError(f"transformer needs token sequences of shape (seq_len,), got {input_shape}")
+    return TransformerLM(input_shape[0], num_classes, dim, layers, heads, ffn_dim, adapter, adapter_rank)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rayfl.config import ConfigError, DataConfig, PartitionConfig
 from rayfl.rng import numpy_rng
 
 DATASET = "ffgg_quadratic"
@@ -189,25 +190,49 @@ def oracle_from_dataset(dataset: object, d_theta: int) -> QuadraticOracle:
     return QuadraticOracle.from_factors(rows, d_theta)
 
 
-def shape_from_config(data: object, num_clients: int) -> QuadraticShape:
-    return QuadraticShape(
-        clients=num_clients,
-        n=data.quadratic_n,  # type: ignore[attr-defined]
-        d_theta=data.quadratic_d_theta,  # type: ignore[attr-defined]
-        d_w=data.quadratic_d_w,  # type: ignore[attr-defined]
-        planted=data.quadratic_planted,  # type: ignore[attr-defined]
-    )
+@dataclass
+class QuadraticConfig(DataConfig):
+    """FFGG's synthetic quadratic (Example 1; rayfl.papers.ffgg.quadratic): one client per
+    partition.num_clients, each with `n` rows per block, `d_theta` global and `d_w` personal
+    coordinates; `planted` plants a common minimiser. Its metric is ||F(theta)||, so there is
+    no test set."""
+
+    dataset: str = DATASET
+    n: int = 10_000
+    d_theta: int = 100
+    d_w: int = 50
+    planted: bool = True
+
+    def validate(self) -> None:
+        super().validate()
+        for key in ("n", "d_theta", "d_w"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"data.{key}", f"must be > 0, got {getattr(self, key)}")
+
+    def has_own_clients(self) -> bool:
+        return True
+
+    def planned_clients(self, partition: PartitionConfig) -> int | None:
+        return partition.num_clients  # generated: exactly that many
+
+    def splittable(self) -> bool:
+        return False
 
 
-def federated_quadratic(data: object, partition: object, seed: int):  # -> FederatedDataset
+def shape_from_config(data: QuadraticConfig, num_clients: int) -> QuadraticShape:
+    return QuadraticShape(clients=num_clients, n=data.n, d_theta=data.d_theta, d_w=data.d_w, planted=data.planted)
+
+
+def federated_quadratic(data: QuadraticConfig, seed: int, num_clients: int | None = None):  # -> FederatedDataset
     """`data.dataset: ffgg_quadratic` as a FederatedDataset: client m's training rows are its
     factor R_m (labels unused, all 0); no test set (the metric is ||F(theta)||, see the oracle)."""
     from rayfl.data.federated import FederatedDataset
-
-    shape = shape_from_config(data, partition.num_clients)  # type: ignore[attr-defined]
     from rayfl.data.sources import data_root
 
-    cache = data_root(data.data_dir) / DATASET if shape.n * shape.clients >= 100_000 else None  # type: ignore[attr-defined]
+    if num_clients is None:
+        raise ConfigError("partition.num_clients", "the quadratic needs a number of clients to generate")
+    shape = shape_from_config(data, num_clients)
+    cache = data_root(data.data_dir) / DATASET if shape.n * shape.clients >= 100_000 else None
     rows = factors(shape, seed, cache)
     w = shape.width
     train_x = np.concatenate(rows).astype(np.float64)

@@ -1,0 +1,61 @@
+"""rayfl: federated-learning simulation on Ray, with a simulated clock and Parquet results.
+
+The public API is what this module exports (`__all__`); every other name in the package is
+private by convention and may change between versions.
+
+    import rayfl
+    run = rayfl.run("jobs/digits_fedavg.yaml", ["algorithm.lr=0.1"])
+    run.rounds.test_accuracy.max()
+
+Bring your own algorithm, model, dataset or partitioner with `rayfl.register_*` (or name it by
+import path, "package.module:attr", in a job); see docs/guides/extending.md. Names resolve
+lazily, so `import rayfl` stays cheap (no torch, no Ray)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.2.0"
+
+_EXPORTS = {
+    "run": "rayfl.api",
+    "resume": "rayfl.api",
+    "Run": "rayfl.api",
+    "load": ("rayfl.results", "load"),
+    "Results": "rayfl.results",
+    "load_config": "rayfl.config",
+    "Config": "rayfl.config",
+    "ConfigError": "rayfl.config",
+    "AlgorithmConfig": "rayfl.config",
+    "ModelConfig": "rayfl.config",
+    "DataConfig": "rayfl.config",
+    "PartitionConfig": "rayfl.config",
+    "RunConfig": "rayfl.config",
+    "register_algorithm": "rayfl.registry",
+    "register_model": "rayfl.registry",
+    "register_dataset": "rayfl.registry",
+    "register_partitioner": "rayfl.registry",
+    "Federation": "rayfl.engine",
+    "ClientContext": "rayfl.engine",
+    "ClientResult": "rayfl.engine",
+    "ArrayDataset": "rayfl.data",
+    "FederatedDataset": "rayfl.data",
+    "eval_due": ("rayfl.algorithms.base", "eval_due"),
+}
+
+__all__ = ["__version__", *sorted(_EXPORTS)]
+
+
+def __getattr__(name: str) -> Any:
+    where = _EXPORTS.get(name)
+    if where is None:
+        raise AttributeError(f"module 'rayfl' has no attribute {name!r}")
+    module, attr = where if isinstance(where, tuple) else (where, name)
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
