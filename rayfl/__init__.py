@@ -42,6 +42,12 @@ _EXPORTS = {
     "ArrayDataset": "rayfl.data",
     "FederatedDataset": "rayfl.data",
     "eval_due": ("rayfl.algorithms.base", "eval_due"),
+    "local_sgd": ("rayfl.algorithms.local", "local_sgd"),
+    "LocalSchedule": ("rayfl.algorithms.local", "LocalSchedule"),
+    "batched": ("rayfl.engine.vectorized", "batched"),
+    "get_flat": ("rayfl.models.params", "get_flat"),
+    "set_flat": ("rayfl.models.params", "set_flat"),
+    "build_model": ("rayfl.models.networks", "build_model"),
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]

@@ -649,6 +649,29 @@ MOVED_KEYS: dict[str, str] = {
 }
 
 
+def is_path_key(key: str) -> bool:
+    """Whether a config key holds a local path, by its name: `path`, `init_from`, `trace`, or
+    a name ending in `_path`, `_dir` or `_file` (built-ins and users' config classes alike)."""
+    return key in ("path", "init_from", "trace") or key.endswith(("_path", "_dir", "_file"))
+
+
+def absolute_local_paths(raw: dict[str, Any], base: str | Path | None = None) -> None:
+    """Relative local paths (e.g. `data.data_dir: ../shared/data`) made absolute against `base`
+    (default: the working directory), in place: a sweep's trials run in directories of their
+    own, a resumed run wherever `rayfl resume` is called. `output.dir` is left alone (the
+    sweep makes it absolute itself; a resumed run is addressed by its directory)."""
+    from rayfl.results.storage import is_uri
+
+    root = Path(base) if base is not None else Path.cwd()
+    for section, values in raw.items():
+        if section == "output" or not isinstance(values, dict):
+            continue
+        for key, value in values.items():
+            if is_path_key(key) and isinstance(value, str) and value and not is_uri(value) \
+                    and not Path(value).expanduser().is_absolute():
+                values[key] = str((root / value).resolve())
+
+
 def config_from_manifest(raw: Mapping[str, Any]) -> Config:
     """The config a run's manifest recorded. A run recorded before each model, dataset and
     partitioner had its own config class carries every flat key: moved keys get their new
@@ -674,7 +697,7 @@ def recorded_section(name: str, values: Mapping[str, Any]) -> Any:
 def unknown_key(cls: type, prefix: str, key: str, names: list[str], values: Mapping[str, Any]) -> str:
     """The message for a key `cls` does not have: where it moved, or which keys there are."""
     moved = MOVED_KEYS.get(f"{prefix}.{key}")
-    if moved is not None:
+    if moved is not None and moved.partition(".")[2] in names:
         return f"this key moved: it is now {moved} (a key of the dataset's own config)"
     from rayfl.registry import BY_SECTION
 

@@ -35,13 +35,11 @@ def example_path(name: str) -> Path:
 
 
 def _summary(path: Path) -> str:
-    """The first sentence of the job's leading comment."""
+    """The start of the job's leading comment."""
     lines = []
     for line in path.read_text().splitlines():
         if not line.startswith("#"):
             break
         lines.append(line.lstrip("#").strip())
     text = " ".join(" ".join(lines).split())
-    end = text.find(". ")
-    text = text if end < 0 else text[: end + 1]
-    return text if len(text) <= 110 else text[:107].rstrip() + "..."
+    return text if len(text) <= 100 else text[:97].rsplit(" ", 1)[0] + " ..."

@@ -96,6 +96,9 @@ class Registry:
         if origin != "built-in":
             self._load_builtins()
         entry = Entry(self.kind, name, target, config, summary, origin)
+        why = self.check(entry, target) if self.check is not None and not isinstance(target, str) else None
+        if why is not None:
+            raise TypeError(f"cannot register {target!r} as {self.kind} {name!r}: {why}")
         old = self._entries.get(name)
         if old is not None and not replace and old.target is not target:
             raise ValueError(f"{self.kind} {name!r} is already registered ({old.origin}); pass replace=True to replace it")
@@ -207,7 +210,7 @@ class Plugins:
     @classmethod
     def of(cls, cfg: Any) -> Plugins:
         """The user code `cfg` names (its registries' non-built-in entries)."""
-        names, shipped = [], {}
+        names, shipped, roots = [], {}, added_roots()
         for section, registry in BY_SECTION.items():
             name = getattr(getattr(cfg, section), registry.key.split(".")[1])
             entry = registry.get(name)
@@ -216,12 +219,16 @@ class Plugins:
             names.append((registry.key, name))
             if entry.origin == "registered":
                 shipped[registry.kind] = entry
+            for obj in (entry.load(), entry.config_class()):
+                root = module_root(obj)
+                if root is not None and root not in roots:
+                    roots.append(root)
         blob = None
         if shipped:
             import ray.cloudpickle as cloudpickle
 
             blob = cloudpickle.dumps(shipped)
-        return cls(tuple(added_roots()), tuple(names), blob)
+        return cls(tuple(roots), tuple(names), blob)
 
     def to_manifest(self) -> dict[str, Any]:
         return {"roots": list(self.roots), "names": {key: name for key, name in self.names},
@@ -250,6 +257,20 @@ class Plugins:
                 registry.get(name).load()
             except ConfigError as e:
                 raise ConfigError(key, f"{str(e).partition(': ')[2]}{_on(where)}") from None
+
+
+def module_root(obj: Any) -> str | None:
+    """The sys.path directory `obj`'s top-level package was imported from (None for objects
+    of `__main__`, which travel by value, or without a file)."""
+    module = getattr(obj, "__module__", None)
+    if not module or module == "__main__":
+        return None
+    top = sys.modules.get(module.split(".")[0])
+    where = getattr(top, "__file__", None)
+    if where is None:
+        return None
+    path = Path(where).resolve()
+    return str(path.parent.parent if path.name == "__init__.py" else path.parent)
 
 
 def _on(where: str) -> str:
@@ -364,12 +385,15 @@ class _suppress_attribute_errors:
 # --------------------------------------------------------------------------- kinds
 
 
-def _check_callable(*positional: str) -> Callable[[Entry, Any], str | None]:
-    """A check that the target is callable with these leading positional parameters."""
+def _check_callable(*positional: str, classes: bool = False) -> Callable[[Entry, Any], str | None]:
+    """A check that the target is callable with these leading positional parameters (a class
+    only where `classes`: a model may be an nn.Module subclass, a server loop is a function)."""
 
     def check(entry: Entry, target: Any) -> str | None:
         if not callable(target):
             return f"{type(target).__name__} is not callable"
+        if isinstance(target, type) and not classes:
+            return f"it is a class ({target.__name__}); a {entry.kind} is a function"
         try:
             sig = inspect.signature(target)
         except (TypeError, ValueError):
@@ -389,7 +413,7 @@ ALGORITHMS = Registry(
 )
 MODELS = Registry(
     "model", "model.name", "rayfl.models", "rayfl.models.catalog",
-    "rayfl.config:ModelConfig", "rayfl.config:GenericModelConfig", _check_callable("input_shape", "num_classes"),
+    "rayfl.config:ModelConfig", "rayfl.config:GenericModelConfig", _check_callable("input_shape", "num_classes", classes=True),
 )
 DATASETS = Registry(
     "dataset", "data.dataset", "rayfl.datasets", "rayfl.data.catalog",

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rayfl.config import Config, ConfigError, config_from_manifest
+from rayfl.config import Config, ConfigError, absolute_local_paths, config_from_manifest
 from rayfl.data import FederatedDataset, build_federated_dataset
 from rayfl.data.stored import STORED_FILE, dataset_bytes, dataset_from_bytes
 from rayfl.engine import Federation
@@ -200,6 +200,7 @@ def run_experiment(
                 **({} if getattr(dataset, "from_config", False) else {"stored": STORED_FILE}),
             },
             "plugins": Plugins.of(cfg).to_manifest(),
+            "cwd": os.getcwd(),  # where relative paths in the config were meant (for resume)
             "ray": {"address": ray.get_runtime_context().gcs_address, "resources": ray.cluster_resources()},
         }
         check_cluster(cfg.engine, dataset.num_clients)  # before a run directory exists
@@ -229,7 +230,10 @@ def resume_experiment(
     for root in manifest.get("plugins", {}).get("roots", []):  # where the run's own code was found
         if Path(root).is_dir():
             add_root(root)
-    cfg = config_from_manifest(manifest["config"])
+    recorded = json.loads(json.dumps(manifest["config"]))
+    if manifest.get("cwd"):
+        absolute_local_paths(recorded, manifest["cwd"])
+    cfg = config_from_manifest(recorded)
     ckpt = load_checkpoint(location)
     stored = manifest.get("dataset", {}).get("stored")
     dataset = dataset_from_bytes(location.child(stored).read_bytes()) if stored else build_dataset(cfg)

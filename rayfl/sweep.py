@@ -27,7 +27,14 @@ from typing import Any
 
 import yaml
 
-from rayfl.config import Config, ConfigError, apply_override, config_from_dict, read_job_file
+from rayfl.config import (
+    Config,
+    ConfigError,
+    absolute_local_paths,
+    apply_override,
+    config_from_dict,
+    read_job_file,
+)
 from rayfl.registry import Plugins, searching
 from rayfl.results.storage import Location, is_uri
 
@@ -252,19 +259,6 @@ def plan_trials(
             seen[run_id] = settings
             trials.append(Trial(run_id, settings, seed, cfg.to_dict(), []))
     return trials
-
-
-# Config keys holding a local path that a job may give relative to where `rayfl sweep` runs.
-LOCAL_PATH_KEYS = (("data", "data_dir"), ("model", "init_from"))
-
-
-def absolute_local_paths(raw: dict[str, Any]) -> None:
-    """Relative local paths (e.g. `data.data_dir: ../shared/data`) made absolute against the
-    sweep's working directory: Tune runs each trial in a working directory of its own."""
-    for section, key in LOCAL_PATH_KEYS:
-        value = (raw.get(section) or {}).get(key)
-        if isinstance(value, str) and value and not is_uri(value) and not Path(value).expanduser().is_absolute():
-            raw[section][key] = str(Path(value).resolve())
 
 
 def reserve(trials: Sequence[Trial], cluster: Mapping[str, float], concurrency: int) -> None:

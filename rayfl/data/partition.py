@@ -32,7 +32,13 @@ def partition_indices(
     if cfg.keeps_dataset_clients:
         extra.update(groups=groups, num_groups=num_groups)
     labels = np.asarray(labels, dtype=np.int64)
-    parts = split(labels, cfg.num_clients, cfg, rng, **extra)
+    try:
+        parts = split(labels, cfg.num_clients, cfg, rng, **extra)
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise ConfigError("partition.method", f"partitioner {cfg.method!r} failed: {type(e).__name__}: "
+                          f"{' '.join(str(e).split())}") from e
     if not cfg.keeps_dataset_clients and len(parts) != cfg.num_clients:
         raise ConfigError("partition.method", f"partitioner {cfg.method!r} returned {len(parts)} parts for {cfg.num_clients} clients")
     out = [np.sort(np.asarray(p, dtype=np.int64).reshape(-1)) for p in parts]

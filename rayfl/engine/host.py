@@ -59,6 +59,7 @@ class ClientHostImpl:
         # The run's user code first: what it names must import here before anything uses it
         # (the model's config may be a user's class, so it comes as a mapping). A host that
         # cannot import it says so in `info()`, which the driver turns into a one-line error.
+        self.host_id = host_id
         self.start_error: tuple[str, str] | None = None
         if plugins is not None:
             try:

@@ -1,0 +1,341 @@
+"""A user's own algorithm, model and dataset, in a package outside the repository, get what
+rayfl's built-ins get: validation of their own keys, `rayfl run` by import path, SIGTERM then
+`rayfl resume` equal to an uninterrupted run, identical tables for 1 and 2 hosts, `rayfl
+sweep` over their own key, installation as entry points, `ray job submit --working-dir`, and
+one-line errors when a host cannot import them.
+
+The package is the one docs/guides/extending.md writes (FedNova, the FEMNIST CNN, FEMNIST
+from Parquet, a partitioner), taken from the guide's own code blocks."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from guide_blocks import blocks, environment
+from test_cli_runs import free_port, kill_tree
+from test_resume import assert_same_tables
+
+from rayfl.results import load
+
+REPO = Path(__file__).resolve().parents[1]
+GUIDE = REPO / "docs" / "guides" / "extending.md"
+BIN = Path(sys.executable).parent
+RUN_TIMEOUT = 300
+
+
+def write_guide_package(where: Path) -> Path:
+    """The guide's files (myfl/, job.yaml, make_data.py, pyproject.toml) written to `where`,
+    and its data made; returns `where`."""
+    for block in blocks(GUIDE.read_text()):
+        if block.title is not None:
+            target = where / block.title
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(block.code)
+    subprocess.run([sys.executable, "make_data.py"], cwd=where, check=True, timeout=120)
+    return where
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_guide_package(tmp_path_factory.mktemp("userpkg"))
+
+
+def rayfl(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = RUN_TIMEOUT) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "rayfl"), *args], cwd=cwd, env=env or environment(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def sets(*overrides: str) -> list[str]:
+    return [arg for o in overrides for arg in ("--set", o)]
+
+
+def run_ok(*args: str, cwd: Path, env: dict[str, str] | None = None) -> str:
+    done = rayfl(*args, cwd=cwd, env=env)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return done.stdout
+
+
+# ---------------------------------------------------------------------------- validation
+
+
+def test_validate_shows_the_user_entries_keys(package: Path) -> None:
+    out = run_ok("validate", "job.yaml", cwd=package)
+    import yaml
+
+    cfg = yaml.safe_load(out)
+    assert cfg["algorithm"]["name"] == "myfl.fednova:fednova" and cfg["algorithm"]["server_lr"] == 1.0
+    assert {"conv1": 4, "conv2": 8, "hidden": 32}.items() <= cfg["model"].items()
+    assert cfg["data"]["path"] == "femnist.parquet" and "alpha" not in cfg["data"]
+
+
+@pytest.mark.parametrize(("override", "names"), [
+    ("algorithm.server_lr=-1", ("algorithm.server_lr", "must be > 0")),
+    ("algorithm.server_lrr=1", ("algorithm.server_lrr", "myfl.fednova:fednova", "server_lr")),
+    ("model.conv3=8", ("model.conv3", "conv1")),
+])
+def test_a_bad_user_key_exits_2_in_one_line(package: Path, override: str, names: tuple[str, ...]) -> None:
+    done = rayfl("run", "job.yaml", "--set", override, cwd=package)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("rayfl: error: ") and all(n in lines[0] for n in names), lines[0]
+
+
+# ---------------------------------------------------------------------------- FedNova's step
+
+
+class StandIn:
+    """What FedNova's loop asks of a Federation, for one round with given client answers (no
+    Ray: this checks the server step against a hand computation)."""
+
+    def __init__(self, x0: np.ndarray, answers: dict[int, tuple[np.ndarray, int]], sizes: dict[int, int]):
+        self.x0, self.answers, self.sizes, self.state = x0, answers, sizes, None
+
+    def track(self, state):
+        self.state = state
+        return state
+
+    def initial_params(self):
+        return self.x0.copy()
+
+    def rounds(self, total):
+        return range(total)
+
+    def sample(self, round, k=None, fraction=None):
+        return sorted(self.answers)
+
+    def call(self, ids, fn, *, round, keep=(), **payload):
+        from types import SimpleNamespace
+
+        return [SimpleNamespace(client=c, local_steps=self.answers[c][1], values={"delta": self.answers[c][0]})
+                for c in ids]
+
+    def client_weights(self, ids):
+        n = np.array([self.sizes[c] for c in ids], dtype=np.float64)
+        return n / n.sum()
+
+    def weighted_sum(self, results, key, weights):
+        return sum(w * r.values[key].astype(np.float64) for r, w in zip(results, weights, strict=True))
+
+    def evaluate(self, x):
+        return {}
+
+    def log_eval(self, round, metrics):
+        pass
+
+    def log_round(self, round, **metrics):
+        pass
+
+
+def test_fednova_server_step_matches_a_hand_computation(package: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(package))
+    from myfl.fednova import FedNovaConfig, fednova
+
+    from rayfl.config import RunConfig
+
+    x0 = np.array([1.0, -2.0], dtype=np.float32)
+    # client: (y_i - x, tau_i); sizes n_i. Client 2 did no step: it is left out.
+    answers = {0: (np.array([0.4, 0.2], np.float32), 2), 1: (np.array([-0.3, 0.9], np.float32), 6),
+               2: (np.array([5.0, 5.0], np.float32), 0)}
+    sizes = {0: 10, 1: 30, 2: 50}
+    fed = StandIn(x0, answers, sizes)
+    cfg = FedNovaConfig(clients_per_round=3, server_lr=0.5)
+    out = fednova(fed, cfg, RunConfig(rounds=1, eval_every=1))
+    # by hand: p = (1/4, 3/4), tau = (2, 6), tau_eff = 0.5 + 4.5 = 5
+    # x + 0.5 * 5 * (1/4 * [0.4, 0.2] / 2 + 3/4 * [-0.3, 0.9] / 6) = x + 2.5 * [0.0125, 0.1375]
+    expected = np.array([1.0 + 2.5 * 0.0125, -2.0 + 2.5 * 0.1375])
+    np.testing.assert_allclose(out["final_params"], expected, rtol=1e-6)
+    assert out["num_updates"] == 2
+
+
+# ---------------------------------------------------------------------------- runs
+
+
+def table_without_hosts(res):
+    """The run's tables with the host column gone (which host ran a client differs by design)."""
+    res.clients = res.clients.drop(columns=["host"])
+    return res
+
+
+@pytest.mark.slow
+def test_one_and_two_hosts_give_identical_tables(package: Path) -> None:
+    out = package / "hosts"
+    for hosts in (1, 2):
+        run_ok("run", "job.yaml", "--quiet", *sets(f"engine.num_hosts={hosts}", f"run.run_id=h{hosts}",
+                                                   f"output.dir={out}", "engine.num_cpus_per_host=0.5"), cwd=package)
+    one, two = (table_without_hosts(load(out / "fednova_femnist" / f"h{h}")) for h in (1, 2))
+    assert len(one.rounds) == 5 and np.isfinite(one.rounds.test_accuracy).all()
+    assert_same_tables(one, two)
+    assert set(load(out / "fednova_femnist" / "h2").clients["host"]) == {0, 1}
+
+
+@pytest.mark.slow
+def test_sigterm_then_resume_gives_the_uninterrupted_runs_tables(package: Path) -> None:
+    out = package / "resume"
+    common = sets("run.rounds=30", "output.checkpoint_every=5", f"output.dir={out}", "engine.num_hosts=1")
+    run_ok("run", "job.yaml", "--quiet", *common, "--set", "run.run_id=whole", cwd=package)
+    run_dir = out / "fednova_femnist" / "stopped"
+    proc = subprocess.Popen([str(BIN / "rayfl"), "run", "job.yaml", "--quiet", *common, "--set", "run.run_id=stopped"],
+                            cwd=package, env=environment(), start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + RUN_TIMEOUT
+        while time.time() < deadline:  # a checkpoint on disk: the run is well under way
+            if (run_dir / "checkpoint.pkl").exists():
+                break
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=RUN_TIMEOUT) == 130
+    finally:
+        kill_tree(proc.pid)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted" and manifest["plugins"]["roots"] == [str(package)]
+    assert load(run_dir).rounds["round"].max() < 29
+    other = package.parent / f"{package.name}-elsewhere"  # resume needs no cwd: the manifest says where myfl is
+    other.mkdir(exist_ok=True)
+    run_ok("resume", str(run_dir), "--quiet", cwd=other)
+    assert_same_tables(table_without_hosts(load(out / "fednova_femnist" / "whole")), table_without_hosts(load(run_dir)))
+
+
+@pytest.mark.slow
+def test_resume_says_in_one_line_when_the_package_is_gone(package: Path, tmp_path: Path) -> None:
+    moved = tmp_path / "pkg"
+    shutil.copytree(package, moved, ignore=shutil.ignore_patterns("results", "hosts", "resume", "sweeps", "site"))
+    out = tmp_path / "results"
+    run_ok("run", "job.yaml", "--quiet", *sets("run.rounds=2", f"output.dir={out}", "run.run_id=r",
+                                               "output.checkpoint_every=1"), cwd=moved)
+    run_dir = out / "fednova_femnist" / "r"
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["status"] = "interrupted"  # as if stopped: resumable
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    shutil.rmtree(moved / "myfl")
+    done = rayfl("resume", str(run_dir), cwd=tmp_path)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert "myfl" in lines[0] and "cannot import" in lines[0], lines[0]
+
+
+@pytest.mark.slow
+def test_sweep_over_the_user_algorithms_own_key(package: Path) -> None:
+    out = package / "sweeps"
+    done = run_ok("sweep", "job.yaml", "--grid", "algorithm.server_lr=0.5,1.0", "--name", "fednova_lr",
+                  *sets("run.rounds=2", f"output.dir={out}", "engine.num_hosts=1", "engine.num_cpus_per_host=0.5"),
+                  cwd=package)
+    assert done.count("completed\t") == 2, done[-2000:]
+    res = load(out / "fednova_lr")
+    assert sorted(res.manifests["algorithm.server_lr"]) == [0.5, 1.0]
+    assert len(res.rounds) == 4
+
+
+@pytest.mark.slow
+def test_the_package_installed_with_entry_points(package: Path, tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--target", str(site), str(package)], check=True, timeout=300, capture_output=True)
+    env = environment()
+    env["PYTHONPATH"] = str(site)  # an installed package, not a directory rayfl finds by itself
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    listed = run_ok("list", "algorithms", cwd=elsewhere, env=env)
+    assert "fednova" in listed and "entry point of myfl" in listed
+    job = elsewhere / "job.yaml"
+    job.write_text((package / "job.yaml").read_text()
+                   .replace('"myfl.fednova:fednova"', "fednova").replace('"myfl.cnn:femnist_cnn"', "femnist_cnn")
+                   .replace("path: femnist.parquet", f"path: {package / 'femnist.parquet'}"))
+    run_ok("run", "job.yaml", "--quiet", *sets("run.rounds=2", f"output.dir={tmp_path / 'results'}", "run.run_id=ep"),
+           cwd=elsewhere, env=env)
+    res = load(tmp_path / "results" / "fednova_femnist" / "ep")
+    assert res.manifests["status"].tolist() == ["completed"] and len(res.rounds) == 2
+    manifest = json.loads((tmp_path / "results" / "fednova_femnist" / "ep" / "manifest.json").read_text())
+    assert manifest["plugins"]["names"]["algorithm.name"] == "fednova"
+
+
+@pytest.mark.slow
+def test_a_host_that_cannot_import_the_user_code_fails_the_run_in_one_line(tmp_path: Path) -> None:
+    """The package exists where the driver runs only (as on a cluster whose nodes lack it):
+    every host says so at start, and the run stops with one line naming the path and node."""
+    script = tmp_path / "driver.py"
+    script.write_text(
+        "import sys, types\n"
+        "ghost = types.ModuleType('ghostpkg')\n"
+        "ghost.__file__ = '/nonexistent/ghostpkg/__init__.py'\n"
+        "exec('from torch import nn\\n"
+        "def net(input_shape, num_classes):\\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(64, num_classes))\\n', ghost.__dict__)\n"
+        "sys.modules['ghostpkg'] = ghost\n"
+        "import rayfl\n"
+        "try:\n"
+        "    rayfl.run({'data': {'dataset': 'digits'}, 'partition': {'method': 'iid', 'num_clients': 4},\n"
+        "               'model': {'name': 'ghostpkg:net'}, 'run': {'rounds': 1}, 'algorithm': {'clients_per_round': 2},\n"
+        "               'engine': {'num_hosts': 1, 'pool': 'off'}, 'output': {'dir': 'results'}})\n"
+        "except rayfl.ConfigError as e:\n"
+        "    print('ERROR', e)\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=environment(), capture_output=True,
+                          text=True, timeout=RUN_TIMEOUT)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("ERROR")), None)
+    assert line is not None, (done.stdout + done.stderr)[-3000:]
+    assert "model.name" in line and "ghostpkg:net" in line and "on node" in line and "host 0" in line, line
+
+
+@pytest.mark.slow
+def test_ray_job_submit_with_the_package_only_in_the_working_dir(package: Path, tmp_path: Path) -> None:
+    env = environment()
+    env["RAY_AUTH_MODE"] = "token"
+    env["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    gcs, dash, client, agent = (free_port() for _ in range(4))
+    ray_temp = tempfile.mkdtemp(prefix="rayfl-head-")
+    work = tmp_path / "job"
+    shutil.copytree(package / "myfl", work / "myfl")
+    for name in ("job.yaml", "femnist.parquet"):
+        shutil.copy(package / name, work / name)
+    head_log = (tmp_path / "head.log").open("w")
+    head = subprocess.Popen(
+        [str(BIN / "ray"), "start", "--head", "--block", f"--port={gcs}", f"--dashboard-port={dash}",
+         f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}", f"--temp-dir={ray_temp}",
+         "--dashboard-host=127.0.0.1", "--num-cpus=2", "--include-dashboard=true", "--disable-usage-stats"],
+        env=env, cwd=tmp_path, start_new_session=True, stdout=head_log, stderr=subprocess.STDOUT,
+    )
+    out = tmp_path / "results"
+    try:
+        submit = None
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            submit = subprocess.run(
+                [str(BIN / "ray"), "job", "submit", "--address", f"http://127.0.0.1:{dash}", "--working-dir", str(work),
+                 "--", "rayfl", "run", "job.yaml", "--quiet", "--set", "run.rounds=2", "--set", f"output.dir={out}"],
+                env=env, cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT,
+            )
+            if submit.returncode == 0 or "raysubmit_" in submit.stdout + submit.stderr:
+                break  # a submitted job's failure is a real failure; anything else: head not ready yet
+            time.sleep(2)
+        assert submit is not None and submit.returncode == 0, (submit.stdout + submit.stderr)[-4000:]
+    finally:
+        kill_tree(head.pid)
+        head.wait(timeout=30)
+        head_log.close()
+        shutil.rmtree(ray_temp, ignore_errors=True)
+    res = load(out)
+    assert res.manifests["status"].tolist() == ["completed"] and len(res.rounds) == 2
+    assert res.manifests["algorithm.name"].tolist() == ["myfl.fednova:fednova"]
+    assert pd.read_parquet(next(out.glob("fednova_femnist/*/clients"))).shape[0] == 12
+    assert [p.name for p in work.rglob("*.parquet")] == ["femnist.parquet"]  # no results in the working dir
+
+
+def test_import_path_resolution_reports_where_it_looked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rayfl.config import ConfigError, load_config
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"^algorithm\.name: cannot import 'nopkg\.mod:thing': .*nopkg.*looked"):
+        load_config(None, ["algorithm.name=nopkg.mod:thing"])
