@@ -339,3 +339,77 @@ def test_import_path_resolution_reports_where_it_looked(tmp_path: Path, monkeypa
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match=r"^algorithm\.name: cannot import 'nopkg\.mod:thing': .*nopkg.*looked"):
         load_config(None, ["algorithm.name=nopkg.mod:thing"])
+
+
+# ---------------------------------------------------------------------------- user mistakes
+
+BAD_MODULE = '''
+import numpy as np
+from torch import nn
+
+import rayfl
+
+NOT_CALLABLE = 3
+
+
+def one_class(cfg, seed):
+    return rayfl.ArrayDataset(np.zeros((10, 4), np.float32), np.zeros(10, np.int64), 1, "one_class")
+
+
+def with_buffers(input_shape, num_classes):
+    return nn.Sequential(nn.Flatten(), nn.BatchNorm1d(64), nn.Linear(64, num_classes))
+
+
+def three_parts(labels, num_clients, cfg, rng):
+    return np.array_split(np.arange(len(labels)), 3)
+
+
+def raises(labels, num_clients, cfg, rng):
+    raise RuntimeError("my partitioner is broken")
+'''
+
+# (sections of job.yaml replaced, overrides, what the one line names)
+MISTAKES = {
+    "path-does-not-import": ({}, ["algorithm.name=nopkg.mod:thing"], ("algorithm.name", "nopkg.mod:thing", "No module named")),
+    "path-without-attr": ({}, ["model.name='myfl.cnn:'"], ("model.name", "not an import path")),
+    "attr-missing": ({}, ["model.name=myfl.cnn:nothing"], ("model.name", "has no attribute 'nothing'")),
+    "a-model-as-algorithm": ({}, ["algorithm.name=myfl.cnn:femnist_cnn"], ("algorithm.name", "registered as a model")),
+    "a-config-class-as-algorithm": ({}, ["algorithm.name=myfl.fednova:FedNovaConfig"], ("algorithm.name", "is a class")),
+    "not-callable": ({"data": {"dataset": "badmod:NOT_CALLABLE"}}, [], ("data.dataset", "int is not callable")),
+    "model-factory-raises": ({"data": {"dataset": "synthetic", "features": 12}, "partition": {"method": "natural", "num_clients": 10}},
+                             [], ("model.name", "myfl.cnn:femnist_cnn", "inputs (12,)", "ValueError")),
+    "model-with-buffers": ({"model": {"name": "badmod:with_buffers"}}, [], ("model.name", "has buffers", "running_mean")),
+    "parquet-without-label": ({}, ["data.path=nolabel.parquet"], ("data.dataset", "myfl.femnist:femnist", "label")),
+    "dataset-with-one-class": ({"data": {"dataset": "badmod:one_class"}, "partition": {"method": "iid", "num_clients": 2}},
+                               ["algorithm.clients_per_round=2"], ("data.dataset", "1 class")),
+    "natural-without-own-clients": ({"data": {"dataset": "digits"}}, [], ("partition.method", "'natural'", "digits")),
+    "partitioner-wrong-parts": ({"data": {"dataset": "digits"}, "partition": {"method": "badmod:three_parts", "num_clients": 8}},
+                                [], ("partition.method", "3 parts for 8 clients")),
+    "partitioner-raises": ({"data": {"dataset": "digits"}, "partition": {"method": "badmod:raises", "num_clients": 8}},
+                           [], ("partition.method", "my partitioner is broken")),
+}
+
+
+@pytest.mark.parametrize("case", list(MISTAKES), ids=list(MISTAKES))
+def test_user_code_mistakes_exit_2_in_one_line_before_ray(package: Path, case: str, monkeypatch: pytest.MonkeyPatch,
+                                                          capfd: pytest.CaptureFixture[str]) -> None:
+    import pyarrow.parquet as pq
+    import ray
+    import yaml
+
+    from rayfl.cli import main
+
+    (package / "badmod.py").write_text(BAD_MODULE)
+    pq.write_table(pq.read_table(package / "femnist.parquet").drop(["label"]), package / "nolabel.parquet")
+    replaced, overrides, names = MISTAKES[case]
+    job = {**yaml.safe_load((package / "job.yaml").read_text()), **replaced}
+    (package / f"{case}.yaml").write_text(yaml.safe_dump(job))
+    monkeypatch.chdir(package)
+    was = ray.is_initialized()
+    rc = main(["run", f"{case}.yaml", "--quiet", *sets(*overrides, f"output.dir={package / 'mistakes'}")])
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("rayfl: error: ") and all(n in lines[0] for n in names), lines[0]
+    assert ray.is_initialized() == was  # found before Ray started
+    assert not (package / "mistakes").exists()  # and before any run directory
