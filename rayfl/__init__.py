@@ -43,6 +43,7 @@ _EXPORTS = {
     "FederatedDataset": "rayfl.data",
     "eval_due": ("rayfl.algorithms.base", "eval_due"),
     "local_sgd": ("rayfl.algorithms.local", "local_sgd"),
+    "local_sgd_batched": ("rayfl.algorithms.local", "local_sgd_batched"),
     "LocalSchedule": ("rayfl.algorithms.local", "LocalSchedule"),
     "batched": ("rayfl.engine.vectorized", "batched"),
     "get_flat": ("rayfl.models.params", "get_flat"),

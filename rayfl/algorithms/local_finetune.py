@@ -118,15 +118,6 @@ def client_test_counts(ctx: ClientContext, w: torch.Tensor, excluded: tuple[int,
     return correct, count, loss_sum
 
 
-def excluded_targets(fed: Federation) -> tuple[int, ...]:
-    """StackOverflow's OOV / BOS / EOS ids (rayfl.data.tff); nothing for other datasets."""
-    if fed.dataset.name == "stackoverflow":
-        from rayfl.data.tff import lm_excluded_targets
-
-        return lm_excluded_targets(fed.dataset.num_classes)
-    return ()
-
-
 def run_local_finetune(fed: Federation, cfg: LocalFinetuneConfig, run: RunConfig) -> dict[str, Any]:
     if fed.dataset.client_test is None:
         raise ConfigError("partition.client_test", "local fine-tuning is judged on per-client test sets; set partition.client_test=proportional")
@@ -138,7 +129,7 @@ def run_local_finetune(fed: Federation, cfg: LocalFinetuneConfig, run: RunConfig
     for r in fed.rounds(1):
         results = fed.call(
             ids, finetune_client, round=r, params=s.x, mask=mask, lr=cfg.lr, schedule=schedule,
-            max_grad_norm=cfg.max_grad_norm, excluded=excluded_targets(fed),
+            max_grad_norm=cfg.max_grad_norm, excluded=tuple(fed.dataset.excluded_targets),
         )
         for res in results:
             n = max(res["count"], 1)

@@ -8,14 +8,16 @@ built-in pools: scikit-learn's digits and the official MNIST / Fashion-MNIST / C
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
 from rayfl.config import ConfigError, DataConfig
 from rayfl.data.errors import DatasetError
-from rayfl.data.sources import data_root, load_official
+from rayfl.data.sources import data_root, load_cifar10_files, load_idx_dataset
 from rayfl.rng import numpy_rng
 
 __all__ = ["ArrayDataset", "DatasetError", "load_pool", "split_train_test"]
@@ -69,11 +71,21 @@ class OfficialConfig(DataConfig):
             raise ConfigError("data.data_dir", f"directory {root} does not exist (and data.download is false)")
 
 
-def load_official_images(cfg: OfficialConfig, seed: int) -> ArrayDataset | tuple[ArrayDataset, ArrayDataset]:
+def load_idx_images(cfg: OfficialConfig, seed: int) -> ArrayDataset | tuple[ArrayDataset, ArrayDataset]:
+    """MNIST or Fashion-MNIST from the official IDX files in `data_dir/<dataset>/`."""
+    return _official(cfg, lambda root, splits: load_idx_dataset(cfg.dataset, root / cfg.dataset, splits, cfg.download))
+
+
+def load_cifar10(cfg: OfficialConfig, seed: int) -> ArrayDataset | tuple[ArrayDataset, ArrayDataset]:
+    """CIFAR-10 from the official python batches in `data_dir/cifar10/`."""
+    return _official(cfg, lambda root, splits: load_cifar10_files(root / "cifar10", splits, cfg.download))
+
+
+def _official(cfg: OfficialConfig, read: Callable[[Path, tuple[str, ...]], dict]) -> ArrayDataset | tuple[ArrayDataset, ArrayDataset]:
     """The dataset's official files: (train, test), or one pool with test_only / pooled."""
-    name, k = cfg.dataset, NUM_CLASSES[cfg.dataset]
     splits = ("test",) if cfg.source == "test_only" else ("train", "test")
-    arrays = load_official(name, data_root(cfg.data_dir), splits, cfg.download)
+    arrays = read(data_root(cfg.data_dir), splits)
+    name, k = cfg.dataset, 10
     if cfg.source == "test_only" or cfg.split == "pooled":
         x = np.concatenate([arrays[s].x for s in splits])
         y = np.concatenate([arrays[s].y for s in splits])
@@ -91,15 +103,14 @@ def load_digits(cfg: DataConfig, seed: int) -> ArrayDataset:
     return ArrayDataset(x, np.asarray(bunch.target, dtype=np.int64), 10, "digits")
 
 
-NUM_CLASSES = {"mnist": 10, "fashion_mnist": 10, "cifar10": 10}
-
-
 def load_pool(cfg: DataConfig, seed: int) -> tuple[ArrayDataset, ArrayDataset]:
     """(train, test) of a pool dataset, before any server / client split: its loader's samples,
     subsampled to `data.max_samples` and split with `data.test_fraction` unless it has its own
     test set."""
-    from rayfl.data.federated import load_entry
+    from rayfl.data.federated import generates_clients, load_entry
 
+    if generates_clients(cfg):
+        raise DatasetError(f"{cfg.dataset!r} is generated per client, not a pool: use rayfl.data.build_federated_dataset for it")
     loaded = load_entry(cfg, seed, None)
     if not isinstance(loaded, (ArrayDataset, tuple)):
         raise DatasetError(f"{cfg.dataset!r} has its own clients, not a pool: use rayfl.data.build_federated_dataset for it")

@@ -46,6 +46,8 @@ class FederatedDataset:
     mapped: MappedArrays | None = field(default=None, repr=False, compare=False)
     # built from the run's config (a resumed run builds it again), not handed in from Python
     from_config: bool = field(default=False, repr=False, compare=False)
+    # labels metrics do not count (a language model's OOV / BOS / EOS tokens)
+    excluded_targets: tuple[int, ...] = ()
 
     def __getstate__(self) -> dict:
         # pickled, the arrays travel as data; the file they were mapped from may not be there
@@ -133,23 +135,35 @@ def load_entry(data: DataConfig, seed: int, num_clients: int | None) -> Any:
     """What the dataset's registered loader returns for this config: `loader(data, seed,
     **data.kwargs)`, with `num_clients=` for a loader that generates its own clients (one that
     takes that parameter). A loader that raises is a one-line error naming data.dataset."""
-    import inspect
-
     from rayfl.registry import DATASETS
 
     load = DATASETS.get(data.dataset).load()
     kwargs = dict(getattr(data, "kwargs", {}))
-    try:
-        if "num_clients" in inspect.signature(load).parameters:
-            kwargs["num_clients"] = num_clients
-    except (TypeError, ValueError):
-        pass
+    if _takes_num_clients(load):
+        kwargs["num_clients"] = num_clients
     try:
         return load(data, seed, **kwargs)
     except (ConfigError, DatasetError):
         raise
     except Exception as e:
         raise ConfigError("data.dataset", f"loading {data.dataset!r} failed: {type(e).__name__}: {' '.join(str(e).split())}") from e
+
+
+def generates_clients(data: DataConfig) -> bool:
+    """Whether the dataset's loader generates a number of clients (takes `num_clients`, like
+    synthetic), so it has no pool without a partition's client count."""
+    from rayfl.registry import DATASETS
+
+    return _takes_num_clients(DATASETS.get(data.dataset).load())
+
+
+def _takes_num_clients(load: Any) -> bool:
+    import inspect
+
+    try:
+        return "num_clients" in inspect.signature(load).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _natural_from_pool(train: ArrayDataset, test: ArrayDataset, data: DataConfig, partition: PartitionConfig, seed: int) -> FederatedDataset:

@@ -150,7 +150,8 @@ def _stackoverflow(root: Path, data: DataConfig, seed: int):
         tr = train[u]["tokens"][: data.max_client_train] if data.max_client_train else train[u]["tokens"]
         te = test[u].get("tokens", [])
         parts.append((*tff.encode_sentences(tr, vocab, data.seq_len), *tff.encode_sentences(te, vocab, data.seq_len)))
-    return assemble("stackoverflow", tff.lm_num_classes(len(vocab)), parts)
+    num_classes = tff.lm_num_classes(len(vocab))
+    return assemble("stackoverflow", num_classes, parts, tff.lm_excluded_targets(num_classes))
 
 
 def _gldv2(root: Path, data: DataConfig, seed: int):
@@ -187,7 +188,8 @@ def _stable_id(user: str) -> int:
     return zlib.crc32(user.encode("utf-8"))
 
 
-def assemble(name: str, num_classes: int, parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]):
+def assemble(name: str, num_classes: int, parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+             excluded_targets: tuple[int, ...] = ()):
     """Concatenate per-client (train x, train y, test x, test y) into one FederatedDataset."""
     from rayfl.data.federated import FederatedDataset
 
@@ -205,6 +207,7 @@ def assemble(name: str, num_classes: int, parts: list[tuple[np.ndarray, np.ndarr
         test_y=test_y,
         client_train=_ranges([len(p[1]) for p in parts]),
         client_test=_ranges([len(p[3]) for p in parts]),
+        excluded_targets=tuple(excluded_targets),
     )
 
 

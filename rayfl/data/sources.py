@@ -1,5 +1,6 @@
 """Where the public datasets live on disk, their official checksums and mirrors, and how to
-turn their files into arrays. `load_official` returns the dataset's own train / test split;
+turn their files into arrays. `load_idx_dataset` and `load_cifar10_files` return a dataset's
+own train / test split;
 `rayfl.data.datasets` decides how to pool, subsample and re-split it."""
 
 from __future__ import annotations
@@ -71,16 +72,6 @@ def data_root(data_dir: str | Path) -> Path:
     return Path(data_dir).expanduser().absolute()
 
 
-def load_official(name: str, root: Path, splits: Sequence[str], download_missing: bool) -> dict[str, Split]:
-    """Read the requested official splits ("train", "test") of an image dataset under
-    `root/<name>/`, fetching missing files first when `download_missing` is true."""
-    if name in ("mnist", "fashion_mnist"):
-        return _load_idx_dataset(name, root / name, splits, download_missing)
-    if name == "cifar10":
-        return _load_cifar10(root / "cifar10", splits, download_missing)
-    raise DatasetError(f"no file-based loader for dataset {name!r}")
-
-
 # --------------------------------------------------------------------------- MNIST-style IDX
 
 
@@ -92,7 +83,9 @@ def _find_idx(directory: Path, stem: str) -> Path | None:
     return None
 
 
-def _load_idx_dataset(name: str, directory: Path, splits: Sequence[str], download_missing: bool) -> dict[str, Split]:
+def load_idx_dataset(name: str, directory: Path, splits: Sequence[str], download_missing: bool) -> dict[str, Split]:
+    """The official splits ("train", "test") of an MNIST-style dataset in `directory`, fetched
+    first when missing and `download_missing`."""
     stems = [stem for s in splits for stem in IDX_FILES[s]]
     missing = [stem for stem in stems if _find_idx(directory, stem) is None]
     if missing:
@@ -130,7 +123,7 @@ def _read_checked_idx(name: str, directory: Path, stem: str) -> np.ndarray:
 # --------------------------------------------------------------------------- CIFAR-10
 
 
-def _load_cifar10(directory: Path, splits: Sequence[str], download_missing: bool) -> dict[str, Split]:
+def load_cifar10_files(directory: Path, splits: Sequence[str], download_missing: bool) -> dict[str, Split]:
     batch_dir = directory / CIFAR_DIR
     needed = [b for s in splits for b in CIFAR_BATCHES[s]]
     missing = [b for b in needed if not (batch_dir / b).is_file()]

@@ -19,7 +19,8 @@ STORED_FILE = "dataset.npz"
 
 def dataset_arrays(fd: FederatedDataset, **header: Any) -> dict[str, np.ndarray]:
     """The arrays of the file for `fd`, `header` (JSON-able) added to its own header."""
-    meta = {**header, "name": fd.name, "num_classes": int(fd.num_classes), "input_shape": [int(d) for d in fd.input_shape]}
+    meta = {**header, "name": fd.name, "num_classes": int(fd.num_classes), "input_shape": [int(d) for d in fd.input_shape],
+            "excluded_targets": [int(t) for t in fd.excluded_targets]}
     arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
               "train_x": fd.train_x, "train_y": fd.train_y, "test_x": fd.test_x, "test_y": fd.test_y}
     arrays["client_train"], arrays["client_train_offsets"] = _flatten(fd.client_train)
@@ -46,6 +47,7 @@ def dataset_from_arrays(arrays: Mapping[str, np.ndarray], mapped: Any = None) ->
         client_test=_unflatten(arrays["client_test"], arrays["client_test_offsets"]) if "client_test" in arrays else None,
         server_train=np.array(arrays["server_train"]) if "server_train" in arrays else None,
         mapped=mapped,
+        excluded_targets=tuple(meta.get("excluded_targets", ())),
     )
     fd.check()
     return fd, meta
