@@ -397,11 +397,23 @@ def cmd_list(args: argparse.Namespace) -> int:
         if kind == "examples":
             rows = [(name, summary, "") for name, summary in examples().items()]
         else:
-            rows = [(e.name, e.describe(), "" if e.origin == "built-in" else f"[{e.origin}]") for e in REGISTRIES[kinds[kind]].entries()]
+            rows = [listed(REGISTRIES[kinds[kind]], name) for name in REGISTRIES[kinds[kind]].names()]
         width = max((len(r[0]) for r in rows), default=0)
         for name, summary, origin in rows:
             print(f"  {name:<{width}}  {summary}{'  ' + origin if origin else ''}")
     return 0
+
+
+def listed(registry: Any, name: str) -> tuple[str, str, str]:
+    """(name, summary, where it comes from) of one entry; an installed entry point that does
+    not load is listed with the reason, not a failure of the whole listing."""
+    from rayfl.config import ConfigError
+
+    try:
+        entry = registry.get(name)
+        return name, entry.describe(), "" if entry.origin == "built-in" else f"[{entry.origin}]"
+    except ConfigError as e:
+        return name, f"(cannot load: {str(e).partition(': ')[2]})", ""
 
 
 def cmd_partition(args: argparse.Namespace) -> int:

@@ -123,9 +123,6 @@ class Registry:
         for name in self.names():
             yield self.get(name)
 
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and (name in self.names() or ":" in name)
-
     def get(self, name: str) -> Entry:
         """The entry a job's `name` means, or a one-line ConfigError at `self.key` that lists
         what is registered."""

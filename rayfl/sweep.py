@@ -201,6 +201,18 @@ def run_id_for(settings: Mapping[str, Any], seed: int) -> str:
     return re.sub(r"[^A-Za-z0-9._=,+-]", "_", text)
 
 
+def client_count(cfg: Config) -> int:
+    """A trial's number of clients: from its config, or (a dataset's own clients, which only
+    the data know) from its dataset, built here once (a trial builds it again, or reads the
+    dataset cache)."""
+    planned = cfg.planned_clients()
+    if planned is not None:
+        return planned
+    from rayfl.runner import build_dataset
+
+    return build_dataset(cfg).num_clients
+
+
 def trial_bundles(cfg: Config, cluster: Mapping[str, float], concurrency: int) -> tuple[int, list[dict[str, float]]]:
     """The host count a trial's Federation will start and the placement-group bundles that
     reserve them: an empty head bundle for the trial's driver (it mostly waits on its hosts)
@@ -210,7 +222,7 @@ def trial_bundles(cfg: Config, cluster: Mapping[str, float], concurrency: int) -
     from rayfl.engine.placement import plan_placement
 
     share = {k: v / concurrency for k, v in cluster.items()}
-    placement = plan_placement(cfg.engine, cfg.partition.num_clients, share)
+    placement = plan_placement(cfg.engine, client_count(cfg), share)
     host: dict[str, float] = {}
     if placement.num_cpus > 0:
         host["CPU"] = placement.num_cpus
@@ -278,7 +290,7 @@ def check_fits(trials: Sequence[Trial]) -> None:
     for t in trials:
         cfg = config_from_dict(t.raw)
         try:
-            check_cluster(cfg.engine, cfg.partition.num_clients)
+            check_cluster(cfg.engine, client_count(cfg))
         except ConfigError as e:
             raise ConfigError(e.key, f"{str(e).split(': ', 1)[-1]} (trial {t.run_id})") from e
 
