@@ -97,6 +97,21 @@ class DataConfig:
         """The client count the config alone gives (None: known once the data are loaded)."""
         return None if partition.keeps_dataset_clients else partition.num_clients
 
+    def check_partition(self, partition: PartitionConfig) -> None:
+        """Whether `partition` can split this dataset: `natural` needs its own clients, a
+        partitioner a pool to split."""
+        if partition.keeps_dataset_clients and not self.has_own_clients():
+            raise ConfigError(
+                "partition.method",
+                f"{partition.method!r} keeps a dataset's own clients, and {self.dataset!r} has none "
+                "(a file dataset gets them from data.client_column); choose a partitioner, e.g. iid or dirichlet",
+            )
+        if not partition.keeps_dataset_clients and not self.splittable():
+            raise ConfigError(
+                "partition.method",
+                f"{self.dataset!r} comes with its own clients and is not split by a partitioner; use partition.method: natural",
+            )
+
     def generated_by_rayfl(self) -> bool:
         """Whether rayfl.data's own code makes the rows from this config alone, so a built
         dataset may be cached under a key of the config and that code (rayfl.data.cache)."""
@@ -482,17 +497,7 @@ class Config:
         for f in dataclasses.fields(self):
             getattr(self, f.name).validate()
         data, partition = self.data, self.partition
-        if partition.keeps_dataset_clients and not data.has_own_clients():
-            raise ConfigError(
-                "partition.method",
-                f"{partition.method!r} keeps a dataset's own clients, and {data.dataset!r} has none "
-                "(a file dataset gets them from data.client_column); choose a partitioner, e.g. iid or dirichlet",
-            )
-        if not partition.keeps_dataset_clients and not data.splittable():
-            raise ConfigError(
-                "partition.method",
-                f"{data.dataset!r} comes with its own clients and is not split by a partitioner; use partition.method: natural",
-            )
+        data.check_partition(partition)
         alg = self.algorithm
         clients = partition.num_clients
         if alg.clients_per_round is not None and clients is not None and alg.clients_per_round > clients:

@@ -41,19 +41,19 @@ def test_int_accepted_for_float_field():
 @pytest.mark.parametrize(
     ("overrides", "key", "hint"),
     [
-        (["algorithm.learning_rate=0.1"], "algorithm.learning_rate", "allowed keys"),  # unknown key
+        (["algorithm.learning_rate=0.1"], "algorithm.learning_rate", "its keys are"),  # unknown key
         (["algorithm.lr=fast"], "algorithm.lr", "expected a number"),  # wrong type
         (["algorithm.name=fedsgdx"], "algorithm.name", "fedavg"),  # unknown algorithm
         (["data.dataset=imagenet"], "data.dataset", "mnist"),  # unknown dataset
         (["partition.num_clients=-5"], "partition.num_clients", "> 0"),  # negative count
-        (["partition.alpha=0"], "partition.alpha", "> 0"),  # alpha <= 0
+        (["partition.method=dirichlet", "partition.alpha=0"], "partition.alpha", "> 0"),  # alpha <= 0
         (["run.rounds=2.5"], "run.rounds", "integer"),  # non-integer count
         (["engine.clients_per_host=many"], "engine.clients_per_host", "auto"),  # bad union
         (["algorithm.local_steps=5"], "algorithm.local_steps", "exactly one"),  # both set
         (["algorithm.clients_per_round=500"], "algorithm.clients_per_round", "num_clients"),
         (["training.lr=0.1"], "training", "allowed sections"),  # unknown section
         (["data.dataset=digits"], "partition.method", "natural"),  # natural needs synthetic
-        (["data.split=random"], "data.split", "pooled"),  # bad literal
+        (["data.dataset=mnist", "data.split=random"], "data.split", "pooled"),  # bad literal
         (["data.dataset=mnist", "partition.method=iid", "data.download=false", "data.data_dir=/nonexistent/x"], "data.data_dir", "does not exist"),
         (["algorithm.mu=-1", "algorithm.name=fedprox"], "algorithm.mu", ">= 0"),
         (["algorithm.name=fedbuff", "algorithm.server_as_client=true"], "algorithm.server_as_client", "asynchronous"),
@@ -112,7 +112,7 @@ def test_shipped_jobs_validate():
         (["algorithm.name=zo_hfl"], "algorithm.eta"),
         (["algorithm.clients_per_round=null"], "algorithm.participation"),  # float | None
         ([], "data.test_fraction"),
-        ([], "partition.alpha"),
+        (["partition.method=dirichlet"], "partition.alpha"),  # a partitioner's own field
         ([], "engine.num_cpus_per_host"),
         ([], "system.speed"),  # a bare number for a Distribution
         ([], "system.latency.sigma"),  # inside the nested Distribution
@@ -172,7 +172,14 @@ def test_more_bad_values(overrides, key):
 
 
 def test_linear_model_needs_no_hidden_width():
-    assert load_config(None, ["model.hidden=[]"]).model.hidden == []
+    cfg = load_config()  # the default model is linear: its config has no hidden width at all
+    assert cfg.model.name == "linear" and not hasattr(cfg.model, "hidden")
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["model.hidden=[]"])
+    assert e.value.key == "model.hidden" and "unknown key of model 'linear'" in str(e.value)
+    with pytest.raises(ConfigError, match="needs a hidden width") as e:  # an mlp does need one
+        load_config(None, ["model.name=mlp", "model.hidden=[]"])
+    assert e.value.key == "model.hidden"
 
 
 def test_yaml_errors_are_one_line(tmp_path):

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from rayfl.config import ConfigError, DataConfig, PartitionConfig
+from rayfl.config import ConfigError, section_config
 from rayfl.data import DatasetError, build_federated_dataset, load_pool, sources
 from rayfl.data.formats import parse_idx, read_cifar_batch, read_idx
 from rayfl.data.synthetic import generate_synthetic
@@ -131,7 +131,7 @@ def test_idx_reader_rejects_bad_magic_and_truncation(tmp_path):
 def test_mnist_pool_official_split(tmp_path, monkeypatch):
     arrays = fake_mnist(tmp_path)
     trust_files(monkeypatch, tmp_path, "mnist")
-    train, test = load_pool(DataConfig(dataset="mnist", data_dir=str(tmp_path), download=False), seed=0)
+    train, test = load_pool(section_config("data", dataset="mnist", data_dir=str(tmp_path), download=False), seed=0)
     assert train.x.shape == (30, 1, 28, 28) and test.x.shape == (20, 1, 28, 28)
     assert train.x.dtype == np.float32 and train.y.dtype == np.int64
     assert np.allclose(train.x[:, 0] * 255.0, arrays["train-images-idx3-ubyte"])
@@ -143,7 +143,7 @@ def test_mnist_pool_official_split(tmp_path, monkeypatch):
 def test_mnist_pool_pooled_and_test_only(tmp_path, monkeypatch):
     fake_mnist(tmp_path)
     trust_files(monkeypatch, tmp_path, "mnist")
-    cfg = DataConfig(dataset="mnist", data_dir=str(tmp_path), download=False, split="pooled", test_fraction=0.1)
+    cfg = section_config("data", dataset="mnist", data_dir=str(tmp_path), download=False, split="pooled", test_fraction=0.1)
     train, test = load_pool(cfg, seed=0)
     assert (len(train), len(test)) == (45, 5)
     again, _ = load_pool(cfg, seed=0)
@@ -153,7 +153,7 @@ def test_mnist_pool_pooled_and_test_only(tmp_path, monkeypatch):
     # test_only must not need the train files at all.
     for f in (tmp_path / "mnist").glob("train-*"):
         f.unlink()
-    cfg = DataConfig(dataset="mnist", data_dir=str(tmp_path), download=False, source="test_only", test_fraction=0.25)
+    cfg = section_config("data", dataset="mnist", data_dir=str(tmp_path), download=False, source="test_only", test_fraction=0.25)
     train, test = load_pool(cfg, seed=0)
     assert (len(train), len(test)) == (15, 5)
 
@@ -162,15 +162,15 @@ def test_max_samples_subsamples_before_split(tmp_path, monkeypatch):
     fake_mnist(tmp_path, n_train=40, n_test=20)
     trust_files(monkeypatch, tmp_path, "mnist")
     base = {"dataset": "mnist", "data_dir": str(tmp_path), "download": False, "max_samples": 12}
-    train, test = load_pool(DataConfig(**base, split="pooled", test_fraction=0.25), seed=0)
+    train, test = load_pool(section_config("data", **base, split="pooled", test_fraction=0.25), seed=0)
     assert (len(train), len(test)) == (9, 3)
-    train, test = load_pool(DataConfig(**base), seed=0)  # official: keeps the 2:1 ratio
+    train, test = load_pool(section_config("data", **base), seed=0)  # official: keeps the 2:1 ratio
     assert (len(train), len(test)) == (8, 4)
 
 
 def test_uncompressed_idx_files_are_accepted(tmp_path):
     arrays = fake_mnist(tmp_path, name="fashion_mnist", gz=False)
-    train, test = load_pool(DataConfig(dataset="fashion_mnist", data_dir=str(tmp_path), download=False), seed=0)
+    train, test = load_pool(section_config("data", dataset="fashion_mnist", data_dir=str(tmp_path), download=False), seed=0)
     assert len(train) == 30 and np.array_equal(train.y, arrays["train-labels-idx1-ubyte"])
 
 
@@ -178,7 +178,7 @@ def test_md5_mismatch_names_file_and_checksums(tmp_path):
     fake_mnist(tmp_path)  # not the official bytes, so the official md5 cannot match
     path = tmp_path / "mnist" / "train-images-idx3-ubyte.gz"
     with pytest.raises(DatasetError) as err:
-        load_pool(DataConfig(dataset="mnist", data_dir=str(tmp_path), download=False), seed=0)
+        load_pool(section_config("data", dataset="mnist", data_dir=str(tmp_path), download=False), seed=0)
     msg = str(err.value)
     assert str(path) in msg
     assert sources.MD5["mnist/train-images-idx3-ubyte.gz"] in msg
@@ -193,7 +193,7 @@ def test_missing_files_without_download_name_files_and_directory(tmp_path, monke
     (tmp_path / "mnist").mkdir()
     write_idx(tmp_path / "mnist" / "t10k-labels-idx1-ubyte.gz", np.zeros(3, dtype=np.uint8))
     with pytest.raises(DatasetError) as err:
-        load_pool(DataConfig(dataset="mnist", data_dir=str(tmp_path), download=False), seed=0)
+        load_pool(section_config("data", dataset="mnist", data_dir=str(tmp_path), download=False), seed=0)
     msg = str(err.value)
     assert str(tmp_path / "mnist") in msg
     for stem in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte"):
@@ -212,7 +212,7 @@ def test_failed_download_gives_clear_message(tmp_path, monkeypatch):
     monkeypatch.setattr(urllib.request, "urlopen", offline)
     target = tmp_path / "data"
     with pytest.raises(DatasetError) as err:
-        load_pool(DataConfig(dataset="fashion_mnist", data_dir=str(target), download=True, source="test_only"), seed=0)
+        load_pool(section_config("data", dataset="fashion_mnist", data_dir=str(target), download=True, source="test_only"), seed=0)
     msg = str(err.value)
     assert "download failed" in msg and "network is unreachable" in msg
     assert str(target / "fashion_mnist") in msg
@@ -234,7 +234,7 @@ def test_download_fetches_verifies_and_loads(tmp_path, monkeypatch):
         return io.BytesIO((served / "mnist" / request.full_url.rsplit("/", 1)[1]).read_bytes())
 
     monkeypatch.setattr(urllib.request, "urlopen", fake_urlopen)
-    cfg = DataConfig(dataset="mnist", data_dir=str(tmp_path / "cache"), source="test_only", test_fraction=0.2)
+    cfg = section_config("data", dataset="mnist", data_dir=str(tmp_path / "cache"), source="test_only", test_fraction=0.2)
     train, test = load_pool(cfg, seed=0)
     assert len(train) + len(test) == 10
     assert sorted(u.rsplit("/", 1)[1] for u in urls) == ["t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"]
@@ -254,13 +254,13 @@ def test_real_mnist_test_set():
     if not (SHARED_MNIST / "t10k-images-idx3-ubyte.gz").is_file():
         pytest.skip(f"real MNIST test files not present in {SHARED_MNIST}")
     assert md5(SHARED_MNIST / "t10k-images-idx3-ubyte.gz") == sources.MD5["mnist/t10k-images-idx3-ubyte.gz"]
-    arrays = sources.load_official("mnist", SHARED_MNIST.parent, ["test"], download_missing=False)
+    arrays = sources.load_idx_dataset("mnist", SHARED_MNIST, ["test"], download_missing=False)
     x, y = arrays["test"].x, arrays["test"].y
     assert x.shape == (10_000, 1, 28, 28) and x.dtype == np.float32
     assert x.min() == 0.0 and x.max() == 1.0
     counts = np.bincount(y, minlength=10)
     assert counts.min() == 892 and counts.max() == 1135 and counts.sum() == 10_000
-    cfg = DataConfig(dataset="mnist", data_dir=str(SHARED_MNIST.parent), source="test_only", test_fraction=0.1,
+    cfg = section_config("data", dataset="mnist", data_dir=str(SHARED_MNIST.parent), source="test_only", test_fraction=0.1,
                      download=False)
     train, test = load_pool(cfg, seed=0)
     assert (len(train), len(test)) == (9000, 1000)
@@ -303,7 +303,7 @@ def test_cifar_batch_reader_keeps_channel_major_layout(tmp_path):
 def test_cifar_pool_from_batches(tmp_path, monkeypatch):
     written = write_cifar_batches(tmp_path / "cifar10" / "cifar-10-batches-py")
     trust_cifar(monkeypatch, tmp_path / "cifar10")
-    train, test = load_pool(DataConfig(dataset="cifar10", data_dir=str(tmp_path), download=False), seed=0)
+    train, test = load_pool(section_config("data", dataset="cifar10", data_dir=str(tmp_path), download=False), seed=0)
     assert train.x.shape == (20, 3, 32, 32) and test.x.shape == (4, 3, 32, 32)
     assert np.allclose(test.x.reshape(4, -1) * 255.0, written["test_batch"][0])
     assert train.y.tolist() == sum((written[f"data_batch_{j}"][1] for j in range(1, 6)), [])
@@ -318,18 +318,18 @@ def test_cifar_pool_from_tarball(tmp_path, monkeypatch):
         tar.add(staging / "cifar-10-batches-py", arcname="cifar-10-batches-py")
     trust_cifar(monkeypatch, staging)
     monkeypatch.setitem(sources.MD5, "cifar10/cifar-10-python.tar.gz", md5(archive))
-    train, test = load_pool(DataConfig(dataset="cifar10", data_dir=str(tmp_path), download=False), seed=0)
+    train, test = load_pool(section_config("data", dataset="cifar10", data_dir=str(tmp_path), download=False), seed=0)
     assert (len(train), len(test)) == (20, 4)
     assert (tmp_path / "cifar10" / "cifar-10-batches-py" / "data_batch_5").is_file()
 
 
 def test_cifar_tarball_checksum_and_missing_messages(tmp_path):
     with pytest.raises(DatasetError, match=r"data_batch_1.*cifar-10-batches-py.*archive.*data\.download is false"):
-        load_pool(DataConfig(dataset="cifar10", data_dir=str(tmp_path), download=False), seed=0)
+        load_pool(section_config("data", dataset="cifar10", data_dir=str(tmp_path), download=False), seed=0)
     (tmp_path / "cifar10").mkdir()
     (tmp_path / "cifar10" / "cifar-10-python.tar.gz").write_bytes(b"not really a tarball")
     with pytest.raises(DatasetError, match=r"cifar-10-python\.tar\.gz.*c58f30108f718f92721af3b95e74349a"):
-        load_pool(DataConfig(dataset="cifar10", data_dir=str(tmp_path), download=False), seed=0)
+        load_pool(section_config("data", dataset="cifar10", data_dir=str(tmp_path), download=False), seed=0)
 
 
 class _Exploit:
@@ -348,19 +348,19 @@ def test_cifar_reader_refuses_code_in_pickles(tmp_path):
 
 
 def test_digits_pool():
-    train, test = load_pool(DataConfig(dataset="digits", test_fraction=0.25), seed=0)
+    train, test = load_pool(section_config("data", dataset="digits", test_fraction=0.25), seed=0)
     assert train.x.shape[1:] == (1, 8, 8) and train.x.dtype == np.float32
     assert len(train) + len(test) == 1797 and len(test) == round(0.25 * 1797)
     assert train.x.min() == 0.0 and train.x.max() == 1.0
     assert set(np.unique(train.y)) == set(range(10))
-    again, _ = load_pool(DataConfig(dataset="digits", test_fraction=0.25), seed=0)
-    other, _ = load_pool(DataConfig(dataset="digits", test_fraction=0.25), seed=1)
+    again, _ = load_pool(section_config("data", dataset="digits", test_fraction=0.25), seed=0)
+    other, _ = load_pool(section_config("data", dataset="digits", test_fraction=0.25), seed=1)
     assert np.array_equal(train.y, again.y) and not np.array_equal(train.y, other.y)
 
 
 def test_synthetic_has_no_pool():
     with pytest.raises(DatasetError, match="build_federated_dataset"):
-        load_pool(DataConfig(dataset="synthetic"), seed=0)
+        load_pool(section_config("data", dataset="synthetic"), seed=0)
 
 
 # --------------------------------------------------------------------------- synthetic
@@ -371,8 +371,8 @@ SMALL = {"size_mu": 3.0, "size_sigma": 0.5, "min_client_samples": 20,
 
 
 def test_synthetic_shapes_and_natural_split():
-    data = DataConfig(features=12, classes=4, test_fraction=0.25, **SMALL)
-    fd = build_federated_dataset(data, PartitionConfig(num_clients=15), seed=0)
+    data = section_config("data", features=12, classes=4, test_fraction=0.25, **SMALL)
+    fd = build_federated_dataset(data, section_config("partition", num_clients=15), seed=0)
     gen = generate_synthetic(data, 15, seed=0)
     assert fd.train_x.shape[1:] == (12,) and fd.input_shape == (12,) and fd.num_classes == 4
     assert fd.train_x.dtype == np.float32 and fd.train_y.dtype == np.int64
@@ -388,7 +388,7 @@ def test_synthetic_shapes_and_natural_split():
 
 
 def test_synthetic_is_deterministic_and_clientwise():
-    data = DataConfig(**SMALL)
+    data = section_config("data", **SMALL)
     a, b, c = (generate_synthetic(data, 20, seed=s) for s in (5, 5, 6))
     assert np.array_equal(a.x, b.x) and np.array_equal(a.y, b.y)
     assert not np.array_equal(a.x[:20], c.x[:20])  # every client has >= 20 rows
@@ -401,8 +401,8 @@ def test_synthetic_is_deterministic_and_clientwise():
 def test_synthetic_alpha_beta_control_heterogeneity():
     """beta spreads the clients' input means: B_k ~ N(0, beta) shifts every feature of client k."""
     base = {"features": 10, **SMALL}
-    far = generate_synthetic(DataConfig(beta=5.0, **base), 40, seed=0)
-    near = generate_synthetic(DataConfig(alpha=0.0, beta=0.0, **base), 40, seed=0)
+    far = generate_synthetic(section_config("data", beta=5.0, **base), 40, seed=0)
+    near = generate_synthetic(section_config("data", alpha=0.0, beta=0.0, **base), 40, seed=0)
 
     def spread(g):
         means = np.array([g.x[s:e].mean() for s, e in zip(g.offsets[:-1], g.offsets[1:], strict=True)])
@@ -414,8 +414,8 @@ def test_synthetic_alpha_beta_control_heterogeneity():
 def test_synthetic_iid_clients_share_one_labelling():
     """Synthetic-IID: one W, b for everybody, so one linear rule labels every client's data."""
     base = {"features": 10, **SMALL}
-    iid = generate_synthetic(DataConfig(iid=True, **base), 30, seed=0)
-    non = generate_synthetic(DataConfig(alpha=1.0, beta=1.0, **base), 30, seed=0)
+    iid = generate_synthetic(section_config("data", iid=True, **base), 30, seed=0)
+    non = generate_synthetic(section_config("data", alpha=1.0, beta=1.0, **base), 30, seed=0)
 
     def fit_accuracy(g) -> float:  # one least-squares linear rule for all clients' labels
         onehot = np.eye(10)[g.y]
@@ -427,8 +427,8 @@ def test_synthetic_iid_clients_share_one_labelling():
 
 
 def test_synthetic_natural_server_share():
-    data = DataConfig(server_fraction=0.3, **SMALL)
-    fd = build_federated_dataset(data, PartitionConfig(num_clients=30), seed=0)
+    data = section_config("data", server_fraction=0.3, **SMALL)
+    fd = build_federated_dataset(data, section_config("partition", num_clients=30), seed=0)
     assert fd.server_train is not None
     owned = np.concatenate([*fd.client_train, fd.server_train])
     assert len(np.unique(owned)) == len(owned) == len(fd.train_y)
@@ -437,20 +437,20 @@ def test_synthetic_natural_server_share():
 
 
 def test_synthetic_pooled_with_another_partitioner():
-    fd = build_federated_dataset(DataConfig(**SMALL), PartitionConfig(num_clients=12, method="iid"), seed=0)
+    fd = build_federated_dataset(section_config("data", **SMALL), section_config("partition", num_clients=12, method="iid"), seed=0)
     assert fd.client_test is None and fd.num_clients == 12
     assert fd.client_sizes().max() - fd.client_sizes().min() <= 1
 
 
 def test_min_client_samples_below_two_is_rejected():
-    data = DataConfig(min_client_samples=1, max_client_samples=1)
+    data = section_config("data", min_client_samples=1, max_client_samples=1)
     with pytest.raises(ConfigError, match="data.min_client_samples"):
         generate_synthetic(data, 3, seed=0)
 
 
 def test_ten_thousand_small_clients_generate_fast():
     start = time.perf_counter()
-    fd = build_federated_dataset(DataConfig(**SMALL), PartitionConfig(num_clients=10_000), seed=0)
+    fd = build_federated_dataset(section_config("data", **SMALL), section_config("partition", num_clients=10_000), seed=0)
     elapsed = time.perf_counter() - start
     assert fd.num_clients == 10_000 and len(fd.client_test) == 10_000
     assert elapsed < 10.0, f"10,000 clients took {elapsed:.1f} s"

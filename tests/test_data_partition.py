@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rayfl.config import ConfigError, DataConfig, PartitionConfig
+from rayfl.config import ConfigError, DataConfig, section_config
 from rayfl.data import FederatedDataset, build_federated_dataset, load_pool
 from rayfl.data.partition import (
-    PARTITIONERS,
     dominant_class_counts,
     largest_remainder,
     partition_indices,
@@ -16,6 +15,7 @@ from rayfl.data.partition import (
     split_server,
 )
 from rayfl.data.plot import format_class_matrix, plot_partition
+from rayfl.registry import PARTITIONERS, register_partitioner
 from rayfl.rng import numpy_rng
 
 
@@ -35,8 +35,8 @@ def assert_partition(parts: list[np.ndarray], n: int, num_clients: int) -> None:
 
 
 def split(method: str, labels: np.ndarray, seed: int = 0, **params) -> list[np.ndarray]:
-    cfg = PartitionConfig(method=method, **params)
-    return partition_indices(method, labels, cfg, numpy_rng(seed, "partition"))
+    cfg = section_config("partition", method=method, **params)
+    return partition_indices(labels, cfg, numpy_rng(seed, "partition"))
 
 
 def counts(parts: list[np.ndarray], labels: np.ndarray, num_classes: int = 10) -> np.ndarray:
@@ -152,18 +152,20 @@ def test_shards_give_each_client_its_shards():
 
 def test_same_seed_same_partition():
     labels = balanced_labels(100)
+    own = {"quantity_skew": {"big_client_size": 200, "small_client_size": 10}, "dominant_class": {"samples_per_client": 50}}
     for method in ("iid", "dirichlet", "quantity_skew", "dominant_class", "shards"):
-        params = {"num_clients": 8, "big_client_size": 200, "small_client_size": 10, "samples_per_client": 50}
+        params = {"num_clients": 8, **own.get(method, {})}
         a, b = split(method, labels, 3, **params), split(method, labels, 3, **params)
         c = split(method, labels, 4, **params)
         assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True)), method
         assert not all(np.array_equal(x, y) for x, y in zip(a, c, strict=True)), method
         # The registered function itself (not just the dispatcher) returns sorted int64 parts.
-        direct = PARTITIONERS[method](labels, 8, PartitionConfig(method=method, **params), numpy_rng(3, "partition"))
+        direct = PARTITIONERS.get(method).load()(labels, 8, section_config("partition", method=method, **params),
+                                                 numpy_rng(3, "partition"))
         assert_partition(direct, len(labels), 8)
 
 
-def test_dispatch_rejects_natural_and_unknown_and_accepts_registered(monkeypatch):
+def test_dispatch_rejects_natural_and_unknown_and_accepts_registered():
     labels = balanced_labels(10)
     with pytest.raises(ConfigError, match="natural"):
         split("natural", labels)
@@ -173,8 +175,11 @@ def test_dispatch_rejects_natural_and_unknown_and_accepts_registered(monkeypatch
     def halves(labels, num_clients, params, rng):
         return [np.arange(len(labels))[k::num_clients][::-1] for k in range(num_clients)]
 
-    monkeypatch.setitem(PARTITIONERS, "halves", halves)
-    parts = split("halves", labels, num_clients=2)
+    register_partitioner("halves", halves)
+    try:
+        parts = split("halves", labels, num_clients=2)
+    finally:
+        PARTITIONERS.unregister("halves")
     assert_partition(parts, len(labels), 2)  # dispatch sorts and casts to int64
 
 
@@ -216,12 +221,12 @@ def test_proportional_test_split_follows_train_mix():
 
 
 def digits(**data) -> DataConfig:
-    return DataConfig(dataset="digits", **data)
+    return section_config("data", dataset="digits", **data)
 
 
 def test_federated_digits_with_server_share():
     data = digits(test_fraction=0.1, server_fraction=0.3)
-    fd = build_federated_dataset(data, PartitionConfig(method="dirichlet", num_clients=10, alpha=0.5), seed=0)
+    fd = build_federated_dataset(data, section_config("partition", method="dirichlet", num_clients=10, alpha=0.5), seed=0)
     n_train = 1797 - round(0.1 * 1797)
     assert len(fd.train_y) == n_train and len(fd.test_y) == round(0.1 * 1797)
     assert fd.server_train is not None and len(fd.server_train) == round(0.3 * n_train)
@@ -236,7 +241,7 @@ def test_federated_digits_with_server_share():
 
 
 def test_federated_is_reproducible():
-    part = PartitionConfig(method="shards", num_clients=10)
+    part = section_config("partition", method="shards", num_clients=10)
     a, b = (build_federated_dataset(digits(server_fraction=0.2), part, seed=4) for _ in range(2))
     c = build_federated_dataset(digits(server_fraction=0.2), part, seed=5)
     assert np.array_equal(a.train_x, b.train_x) and np.array_equal(a.server_train, b.server_train)
@@ -245,7 +250,7 @@ def test_federated_is_reproducible():
 
 
 def test_federated_drops_unowned_rows():
-    part = PartitionConfig(method="quantity_skew", num_clients=5, big_client_size=100, small_client_size=10)
+    part = section_config("partition", method="quantity_skew", num_clients=5, big_client_size=100, small_client_size=10)
     fd = build_federated_dataset(digits(), part, seed=0)
     assert len(fd.train_y) == 140  # only the owned rows are kept, indices remapped
     assert_partition(fd.client_train, 140, 5)
@@ -257,7 +262,7 @@ def test_federated_drops_unowned_rows():
 
 
 def test_federated_proportional_client_test():
-    part = PartitionConfig(method="dominant_class", num_clients=10, rho=0.5, samples_per_client=80,
+    part = section_config("partition", method="dominant_class", num_clients=10, rho=0.5, samples_per_client=80,
                            client_test="proportional")
     fd = build_federated_dataset(digits(test_fraction=0.3), part, seed=0)
     assert fd.client_test is not None
@@ -270,11 +275,11 @@ def test_federated_proportional_client_test():
 
 def test_natural_needs_synthetic():
     with pytest.raises(ConfigError, match="natural"):
-        build_federated_dataset(digits(), PartitionConfig(method="natural"), seed=0)
+        build_federated_dataset(digits(), section_config("partition", method="natural"), seed=0)
 
 
 def test_check_catches_overlap():
-    fd = build_federated_dataset(digits(), PartitionConfig(method="iid", num_clients=4), seed=0)
+    fd = build_federated_dataset(digits(), section_config("partition", method="iid", num_clients=4), seed=0)
     fd.check()
     fd.client_train[1] = np.sort(np.concatenate([fd.client_train[1], fd.client_train[0][:1]]))
     with pytest.raises(ValueError, match="overlap"):
@@ -285,7 +290,7 @@ def test_check_catches_overlap():
 
 
 def _fd(num_clients: int, **data) -> FederatedDataset:
-    part = PartitionConfig(method="dirichlet", num_clients=num_clients, alpha=1.0, min_size=1)
+    part = section_config("partition", method="dirichlet", num_clients=num_clients, alpha=1.0, min_size=1)
     return build_federated_dataset(digits(**data), part, seed=0)
 
 

@@ -262,10 +262,11 @@ def test_eviction_keeps_the_directory_under_the_bound_and_the_newest_entry(root,
 
 @pytest.mark.parametrize(
     "overrides",
-    [["data.lazy=true"], ["data.dataset=mnist", "partition.method=iid"], ["data.dataset=digits", "partition.method=iid"]],
+    [[*SMALL, "data.lazy=true"], ["data.dataset=mnist", "partition.method=iid", "partition.num_clients=20"],
+     ["data.dataset=digits", "partition.method=iid", "partition.num_clients=20"]],
 )
 def test_datasets_not_made_from_the_config_alone_are_never_cached(root, overrides):
-    cfg = small(*overrides)
+    cfg = load_config(None, overrides)  # mnist and digits have none of SMALL's synthetic keys
     assert not dcache.cacheable(cfg.data)
     sentinel = object()
     calls = []

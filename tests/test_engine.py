@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from rayfl.config import Distribution, EngineConfig, ModelConfig, SystemConfig, constant
+from rayfl.config import (
+    Distribution,
+    EngineConfig,
+    ModelConfig,
+    SystemConfig,
+    constant,
+    section_config,
+)
 from rayfl.engine.context import ClientContext
 from rayfl.engine.host import ClientHostImpl
 from rayfl.engine.payload import payload_nbytes
@@ -162,7 +169,7 @@ def test_system_model_charges_work_bytes_and_latency():
 
 
 def test_forward_flops_counts_linear_layers():
-    model = build_model(ModelConfig(name="mlp", hidden=[20]), (1, 8, 8), 10)
+    model = build_model(section_config("model", name="mlp", hidden=[20]), (1, 8, 8), 10)
     assert forward_flops_per_sample(model, (1, 8, 8)) == pytest.approx(2 * (64 * 20 + 20 * 10))
 
 

@@ -14,7 +14,7 @@ import torch
 
 from rayfl.algorithms.fedmspp import BATCH_PURPOSE, fedmspp_client
 from rayfl.algorithms.scaffnew import ScaffnewConfig, coin_steps, scaffnew_client
-from rayfl.config import ConfigError, ModelConfig, load_config
+from rayfl.config import ConfigError, load_config, section_config
 from rayfl.engine import ClientContext
 from rayfl.models import build_model
 from rayfl.results import load
@@ -57,7 +57,7 @@ def tiny():
 
 
 def context(client: int, data_x, data_y, state=None, round: int = ROUND) -> ClientContext:
-    model = build_model(ModelConfig(name="relu1", hidden=[HID], activation="softplus", softplus_beta=BETA,
+    model = build_model(section_config("model", name="relu1", hidden=[HID], activation="softplus", softplus_beta=BETA,
                                     eval_activation="relu"), (F_IN,), C)
     return ClientContext(id=client, round=round, seed=SEED, model=model, device=torch.device("cpu"),
                          x=torch.from_numpy(data_x), y=torch.from_numpy(data_y), test_x=None, test_y=None,
@@ -130,9 +130,9 @@ def test_scaffnew_coin_is_geometric_and_common():
 
 
 def test_softplus_network_trains_smooth_and_evaluates_as_relu():
-    model = build_model(ModelConfig(name="relu1", hidden=[4], activation="softplus", softplus_beta=3.0,
+    model = build_model(section_config("model", name="relu1", hidden=[4], activation="softplus", softplus_beta=3.0,
                                     eval_activation="relu"), (3,), 2)
-    relu = build_model(ModelConfig(name="relu1", hidden=[4]), (3,), 2)
+    relu = build_model(section_config("model", name="relu1", hidden=[4]), (3,), 2)
     relu.load_state_dict(model.state_dict())
     x = torch.randn(8, 3)
     hidden = model[1](x)
@@ -143,7 +143,7 @@ def test_softplus_network_trains_smooth_and_evaluates_as_relu():
 
 def test_configs_name_their_mistakes():
     with pytest.raises(ConfigError, match="model.softplus_beta"):
-        load_config(None, ["model.activation=softplus", "model.softplus_beta=0"])
+        load_config(None, ["model.name=relu1", "model.activation=softplus", "model.softplus_beta=0"])
     with pytest.raises(ConfigError, match="algorithm.p"):
         load_config(None, ["algorithm.name=scaffnew", "algorithm.p=1.5"])
     with pytest.raises(ConfigError, match="algorithm.participation"):

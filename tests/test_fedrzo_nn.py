@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from rayfl.algorithms.fedrzo_nn import DIRECTION_PURPOSE, FedRZONNConfig, fedrzo_nn_client
-from rayfl.config import ConfigError, ModelConfig, load_config
+from rayfl.config import ConfigError, load_config, section_config
 from rayfl.engine import ClientContext
 from rayfl.models import build_model
 from rayfl.results import load
@@ -82,7 +82,7 @@ def tiny():
 
 
 def run_client(client: int, steps: int, x0, data_x, data_y, eta=0.2, lr=0.05, lam=0.1, radius=0.5, **over):
-    model = build_model(ModelConfig(name="relu1", hidden=[HID]), (F_IN,), C)
+    model = build_model(section_config("model", name="relu1", hidden=[HID]), (F_IN,), C)
     ctx = ClientContext(id=client, round=ROUND, seed=SEED, model=model, device=torch.device("cpu"),
                         x=torch.from_numpy(data_x), y=torch.from_numpy(data_y), test_x=None, test_y=None, state={})
     out = fedrzo_nn_client(ctx, x0, steps, lr, eta, 64, ConstraintConfig(kind="ball", radius=radius), lam, **over)
@@ -125,7 +125,7 @@ def test_local_steps_match_the_hand_computation_and_directions_are_per_client_an
 def test_without_a_set_there_is_no_moreau_pull_and_central_form_is_the_zo_hfl_one():
     data_x, data_y, x0 = tiny()
     eta, lr = 0.2, 0.05
-    model = build_model(ModelConfig(name="relu1", hidden=[HID]), (F_IN,), C)
+    model = build_model(section_config("model", name="relu1", hidden=[HID]), (F_IN,), C)
     ctx = ClientContext(id=2, round=ROUND, seed=SEED, model=model, device=torch.device("cpu"),
                         x=torch.from_numpy(data_x), y=torch.from_numpy(data_y), test_x=None, test_y=None, state={})
     out = fedrzo_nn_client(ctx, x0, 1, lr, eta, 64, ConstraintConfig(), 0.0, estimator="central")

@@ -19,7 +19,7 @@ import torch
 
 from rayfl.algorithms.ffgg import ffgg_client, local_ffgg_client
 from rayfl.algorithms.finetune import FineTune, QuadraticObjective, SplitSpec, cg, exact
-from rayfl.config import ConfigError, ModelConfig, load_config
+from rayfl.config import ConfigError, load_config, section_config
 from rayfl.engine import ClientContext
 from rayfl.engine.host import ClientHostImpl
 from rayfl.papers.ffgg.quadratic import (
@@ -182,7 +182,7 @@ def quadratic_host(shape: QuadraticShape) -> ClientHostImpl:
     arrays = {"train_x": np.concatenate(rows), "train_y": np.zeros(len(rows) * shape.width, np.int64),
               "test_x": np.zeros((0, shape.width)), "test_y": np.zeros(0, np.int64)}
     clients = {m: np.arange(m * shape.width, (m + 1) * shape.width, dtype=np.int64) for m in range(shape.clients)}
-    return ClientHostImpl(0, arrays, clients, None, ModelConfig(name="linear"), (shape.width,), 2, SEED)
+    return ClientHostImpl(0, arrays, clients, None, section_config("model", name="linear"), (shape.width,), 2, SEED)
 
 
 def test_personal_parameters_never_leave_the_host_quadratic():
@@ -208,7 +208,7 @@ def test_personal_parameters_never_leave_the_host_network():
     rng = np.random.default_rng(0)
     arrays = {"train_x": rng.normal(size=(40, 6)).astype(np.float32), "train_y": rng.integers(0, 3, 40).astype(np.int64),
               "test_x": np.zeros((1, 6), np.float32), "test_y": np.zeros(1, np.int64)}
-    cfg = ModelConfig(name="mlp", hidden=[5])
+    cfg = section_config("model", name="mlp", hidden=[5])
     host = ClientHostImpl(0, arrays, {0: np.arange(40, dtype=np.int64)}, None, cfg, (6,), 3, SEED)
     mask = personal_mask(build_model(cfg, (6,), 3), "output")
     theta = np.zeros(int((~mask).sum()), np.float32)

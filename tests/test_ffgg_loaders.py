@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from rayfl.config import ConfigError, DataConfig, PartitionConfig
+from rayfl.config import ConfigError, section_config
 from rayfl.data.errors import DatasetError
 from rayfl.data.federated import build_federated_dataset
 from rayfl.data.natural import load_natural
@@ -43,7 +43,7 @@ def emnist_dir(tmp_path_factory):
 
 def test_emnist_writers_become_clients_in_id_order(emnist_dir):
     root, train, test = emnist_dir
-    fd = load_natural(DataConfig(dataset="emnist", data_dir=str(root), min_client_test=1), seed=0)
+    fd = load_natural(section_config("data", dataset="emnist", data_dir=str(root), min_client_test=1), seed=0)
     assert fd.num_clients == 2 and fd.num_classes == 62 and fd.input_shape == (1, 28, 28)
     for k, writer in enumerate(["f0001_12", "f0003_41"]):  # sorted ids; f0002_07 dropped (no test)
         assert np.array_equal(fd.train_x[fd.client_train[k]][:, 0], train[writer]["pixels"])
@@ -54,26 +54,26 @@ def test_emnist_writers_become_clients_in_id_order(emnist_dir):
 
 def test_emnist_minimums_cap_and_subsample(emnist_dir):
     root, train, _ = emnist_dir
-    fd = load_natural(DataConfig(dataset="emnist", data_dir=str(root), min_client_train=4), seed=0)
+    fd = load_natural(section_config("data", dataset="emnist", data_dir=str(root), min_client_train=4), seed=0)
     assert fd.num_clients == 1 and len(fd.client_train[0]) == 5  # only f0003_41 has >= 4
-    capped = load_natural(DataConfig(dataset="emnist", data_dir=str(root), max_client_train=2), seed=0)
+    capped = load_natural(section_config("data", dataset="emnist", data_dir=str(root), max_client_train=2), seed=0)
     assert [len(c) for c in capped.client_train] == [2, 1, 2]
     assert np.array_equal(capped.train_y[capped.client_train[2]], train["f0003_41"]["label"][:2])
-    picks = {tuple(load_natural(DataConfig(dataset="emnist", data_dir=str(root), max_clients=2), seed=s).train_y) for s in range(6)}
+    picks = {tuple(load_natural(section_config("data", dataset="emnist", data_dir=str(root), max_clients=2), seed=s).train_y) for s in range(6)}
     assert len(picks) > 1  # the subsample depends on the seed ...
-    again = load_natural(DataConfig(dataset="emnist", data_dir=str(root), max_clients=2), seed=3)
-    assert np.array_equal(again.train_y, load_natural(DataConfig(dataset="emnist", data_dir=str(root), max_clients=2), seed=3).train_y)
+    again = load_natural(section_config("data", dataset="emnist", data_dir=str(root), max_clients=2), seed=3)
+    assert np.array_equal(again.train_y, load_natural(section_config("data", dataset="emnist", data_dir=str(root), max_clients=2), seed=3).train_y)
 
 
 def test_emnist_through_build_federated_dataset(emnist_dir):
     root, _, _ = emnist_dir
-    fd = build_federated_dataset(DataConfig(dataset="emnist", data_dir=str(root)), PartitionConfig(method="natural"), seed=0)
+    fd = build_federated_dataset(section_config("data", dataset="emnist", data_dir=str(root)), section_config("partition", method="natural"), seed=0)
     assert fd.num_clients == 3 and fd.client_test is not None and len(fd.client_test[1]) == 0
 
 
 def test_missing_tff_file_names_the_path(tmp_path):
     with pytest.raises(DatasetError, match="fed_emnist_train.h5"):
-        load_natural(DataConfig(dataset="emnist", data_dir=str(tmp_path)), seed=0)
+        load_natural(section_config("data", dataset="emnist", data_dir=str(tmp_path)), seed=0)
 
 
 # ---------------------------------------------------------------- StackOverflow
@@ -108,7 +108,7 @@ def test_stackoverflow_users_become_clients(tmp_path):
     test = {"u2": {"tokens": tok("how python")}, "u1": {"tokens": tok("sort")}}
     write_tff(d / "stackoverflow_train.h5", train)
     write_tff(d / "stackoverflow_test.h5", test)
-    fd = load_natural(DataConfig(dataset="stackoverflow", data_dir=str(tmp_path), vocab_size=3, seq_len=3, min_client_train=2, max_client_train=2), seed=0)
+    fd = load_natural(section_config("data", dataset="stackoverflow", data_dir=str(tmp_path), vocab_size=3, seq_len=3, min_client_train=2, max_client_train=2), seed=0)
     assert fd.num_clients == 1 and fd.num_classes == 7 and fd.input_shape == (3,)
     # vocab {how 1, to 2, python 3}; OOV 4, BOS 5, EOS 6; u2's first two sentences only
     assert fd.train_x.tolist() == [[5, 1, 2], [5, 3, 6]]
@@ -133,7 +133,7 @@ def test_gldv2_users_split_half_and_half(tmp_path):
             path.parent.mkdir(parents=True, exist_ok=True)
             Image.new("RGB", (40, 30), colours[image_id]).save(path, quality=100)
     (d / "federated_train.csv").write_text("\n".join(rows) + "\n")
-    cfg = DataConfig(dataset="gldv2", data_dir=str(tmp_path), test_fraction=0.5, min_client_train=1, min_client_test=1, image_size=8)
+    cfg = section_config("data", dataset="gldv2", data_dir=str(tmp_path), test_fraction=0.5, min_client_train=1, min_client_test=1, image_size=8)
     fd = load_natural(cfg, seed=0)
     assert fd.num_clients == 2  # carol's single image leaves her no test image
     assert [len(c) for c in fd.client_train] == [2, 2] and [len(c) for c in fd.client_test] == [2, 1]
@@ -143,21 +143,21 @@ def test_gldv2_users_split_half_and_half(tmp_path):
     blue = fd.train_x[fd.client_train[1]][:, 2]  # bob's images are (.., 100, 200)
     assert np.all(np.abs(blue.astype(int) - 200) <= 3)
     with pytest.raises(DatasetError, match="no user"):
-        load_natural(DataConfig(dataset="gldv2", data_dir=str(tmp_path), min_client_train=50, image_size=8), seed=0)
+        load_natural(section_config("data", dataset="gldv2", data_dir=str(tmp_path), min_client_train=50, image_size=8), seed=0)
 
 
 @pytest.mark.parametrize(
     "kw,key",
     [
-        (dict(min_client_train=-1), "data.min_client_train"),
-        (dict(max_clients=0), "data.max_clients"),
-        (dict(max_client_train=0), "data.max_client_train"),
-        (dict(seq_len=0), "data.seq_len"),
-        (dict(vocab_size=0), "data.vocab_size"),
-        (dict(image_size=0), "data.image_size"),
+        (dict(dataset="emnist", min_client_train=-1), "data.min_client_train"),
+        (dict(dataset="emnist", max_clients=0), "data.max_clients"),
+        (dict(dataset="emnist", max_client_train=0), "data.max_client_train"),
+        (dict(dataset="stackoverflow", seq_len=0), "data.seq_len"),
+        (dict(dataset="stackoverflow", vocab_size=0), "data.vocab_size"),
+        (dict(dataset="gldv2", image_size=0), "data.image_size"),
     ],
 )
 def test_bad_data_values_name_their_field(kw, key):
     with pytest.raises(ConfigError) as e:
-        DataConfig(**kw).validate()
+        section_config("data", **kw).validate()
     assert e.value.key == key

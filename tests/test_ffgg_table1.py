@@ -20,7 +20,7 @@ from rayfl.algorithms.local_finetune import (
     finetune_client,
     pooled_metrics,
 )
-from rayfl.config import ConfigError, ModelConfig
+from rayfl.config import ConfigError, section_config
 from rayfl.engine import ClientContext
 from rayfl.models.init_from import theta_vector
 from rayfl.models.networks import build_model
@@ -91,7 +91,7 @@ def test_nothing_personal_means_no_training_and_equal_before_after():
 
 def test_token_accuracy_ignores_padding_and_special_tokens():
     torch.manual_seed(0)
-    model = build_model(ModelConfig(name="transformer", dim=8, heads=2, layers=1, ffn_dim=8), (3,), 7)  # V=3
+    model = build_model(section_config("model", name="transformer", dim=8, heads=2, layers=1, ffn_dim=8), (3,), 7)  # V=3
     tx = torch.tensor([[5, 1, 2], [5, 3, 4], [5, 2, 0]])
     ty = torch.tensor([[1, 2, 6], [3, 4, 6], [2, -100, -100]])
     ctx = context(model, tx, ty, tx, ty)
@@ -128,7 +128,7 @@ def test_ffgg_theta_goes_back_to_its_entries():
     class State:
         theta: np.ndarray
 
-    model = build_model(ModelConfig(name="mlp", hidden=[4]), (1, 3, 3), 3)
+    model = build_model(section_config("model", name="mlp", hidden=[4]), (1, 3, 3), 3)
     fresh = get_flat(model).numpy()
     mask = personal_mask(model, "output")
     theta = np.arange(int((~mask).sum()), dtype=np.float32)
@@ -150,17 +150,16 @@ def test_plan_orders_stages_and_sets_adapters_only_for_the_adapter_scheme():
 
 
 def test_data_seed_pins_the_split_whatever_the_run_seed():
-    from rayfl.config import DataConfig, PartitionConfig
     from rayfl.data.federated import build_federated_dataset
 
-    part = PartitionConfig(method="dirichlet", num_clients=4, alpha=0.5, client_test="proportional")
-    pinned = [build_federated_dataset(DataConfig(dataset="digits", seed=0), part, seed=s) for s in (0, 1)]
-    free = [build_federated_dataset(DataConfig(dataset="digits"), part, seed=s) for s in (0, 1)]
+    part = section_config("partition", method="dirichlet", num_clients=4, alpha=0.5, client_test="proportional")
+    pinned = [build_federated_dataset(section_config("data", dataset="digits", seed=0), part, seed=s) for s in (0, 1)]
+    free = [build_federated_dataset(section_config("data", dataset="digits"), part, seed=s) for s in (0, 1)]
     assert np.array_equal(pinned[0].test_x, pinned[1].test_x) and np.array_equal(pinned[0].test_x, free[0].test_x)
     assert all(np.array_equal(a, b) for a, b in zip(pinned[0].client_train, pinned[1].client_train, strict=True))
     assert not np.array_equal(free[0].test_y, free[1].test_y)
     with pytest.raises(ConfigError) as e:
-        DataConfig(seed=-1).validate()
+        section_config("data", dataset="digits", seed=-1).validate()
     assert e.value.key == "data.seed"
 
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from rayfl.algorithms.local import LocalSchedule, local_sgd
-from rayfl.config import ModelConfig
+from rayfl.config import section_config
 from rayfl.engine.context import ClientContext
 from rayfl.models import build_model
 from rayfl.models.params import bound_to, can_bind, functional_logits, get_flat
@@ -33,7 +33,7 @@ def context(model: torch.nn.Module) -> ClientContext:
 
 def mlp() -> torch.nn.Module:
     torch.manual_seed(0)
-    return build_model(ModelConfig(name="mlp", hidden=[HIDDEN]), (F_IN,), C)
+    return build_model(section_config("model", name="mlp", hidden=[HIDDEN]), (F_IN,), C)
 
 
 def hand_sgd(model, start, x, y, lr, batch, epochs, wd, mu, center, corr, offset=None):

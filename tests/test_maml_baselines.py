@@ -22,7 +22,7 @@ from rayfl.algorithms.fedavg_adapt import FedAvgAdaptConfig, run_fedavg_adapt
 from rayfl.algorithms.local import LocalSchedule
 from rayfl.algorithms.per_fedavg import PerFedAvgConfig, run_per_fedavg
 from rayfl.algorithms.tr_maml import TRMAMLConfig, project_simplex, run_tr_maml
-from rayfl.config import ConfigError, ModelConfig, RunConfig, load_config
+from rayfl.config import ConfigError, RunConfig, load_config, section_config
 from rayfl.data import FederatedDataset
 from rayfl.engine import ClientResult
 from rayfl.engine.federation import evaluate_arrays
@@ -100,7 +100,7 @@ class InProcessFed:
     def __init__(self, ds: FederatedDataset, x0: np.ndarray):
         self.dataset, self.x0 = ds, x0.astype(np.float32)
         arrays = {"train_x": ds.train_x, "train_y": ds.train_y, "test_x": ds.test_x, "test_y": ds.test_y}
-        self.model_cfg = ModelConfig(name="linear", bias=False)
+        self.model_cfg = section_config("model", name="linear", bias=False)
         self.host = ClientHostImpl(0, arrays, dict(enumerate(ds.client_train)), dict(enumerate(ds.client_test)),
                                    self.model_cfg, ds.input_shape, ds.num_classes, SEED)
         self.calls: list[tuple[str, int, dict[str, Any]]] = []

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from rayfl.config import ModelConfig
+from rayfl.config import ModelConfig, section_config
 from rayfl.models import (
     build_model,
     flat_grad,
@@ -20,10 +20,10 @@ from rayfl.models import (
 
 SHAPES = [(1, 28, 28), (3, 32, 32), (1, 8, 8)]
 CONFIGS = {
-    "linear": ModelConfig(name="linear"),
-    "mlp": ModelConfig(name="mlp", hidden=[16, 8]),
-    "relu1": ModelConfig(name="relu1", hidden=[12]),
-    "conv4": ModelConfig(name="conv4", conv_channels=6),
+    "linear": section_config("model", name="linear"),
+    "mlp": section_config("model", name="mlp", hidden=[16, 8]),
+    "relu1": section_config("model", name="relu1", hidden=[12]),
+    "conv4": section_config("model", name="conv4", conv_channels=6),
 }
 
 
@@ -50,27 +50,27 @@ def test_conv4_accepts_a_single_sample_and_flat_inputs(shape):
 
 
 def test_linear_parameter_counts_match_zo_hfl():
-    assert num_params(build_model(ModelConfig(name="linear", bias=False), (1, 28, 28), 10)) == 7840
-    assert num_params(build_model(ModelConfig(name="linear", bias=True), (1, 28, 28), 10)) == 7850
+    assert num_params(build_model(section_config("model", name="linear", bias=False), (1, 28, 28), 10)) == 7840
+    assert num_params(build_model(section_config("model", name="linear", bias=True), (1, 28, 28), 10)) == 7850
 
 
 def test_mlp_and_relu1_parameter_counts():
-    mlp = build_model(ModelConfig(name="mlp", hidden=[200, 200]), (1, 28, 28), 10)
+    mlp = build_model(section_config("model", name="mlp", hidden=[200, 200]), (1, 28, 28), 10)
     assert num_params(mlp) == (784 * 200 + 200) + (200 * 200 + 200) + (200 * 10 + 10)
-    relu1 = build_model(ModelConfig(name="relu1", hidden=[50, 999]), (60,), 10)
+    relu1 = build_model(section_config("model", name="relu1", hidden=[50, 999]), (60,), 10)
     assert num_params(relu1) == (60 * 50 + 50) + (50 * 10 + 10)
-    no_bias = build_model(ModelConfig(name="relu1", hidden=[50], bias=False), (60,), 10)
+    no_bias = build_model(section_config("model", name="relu1", hidden=[50], bias=False), (60,), 10)
     assert num_params(no_bias) == 60 * 50 + 50 * 10
 
 
 def test_conv4_parameter_count_by_hand():
     # MNIST, 32 filters: conv 1->32 (288 + 32 bias) + BN (32 + 32); three conv 32->32
     # (9216 + 32) + BN (64); spatial 28 -> 14 -> 7 -> 3 -> 1, so 32 features -> Linear 32*10+10.
-    model = build_model(ModelConfig(name="conv4", conv_channels=32), (1, 28, 28), 10)
+    model = build_model(section_config("model", name="conv4", conv_channels=32), (1, 28, 28), 10)
     assert num_params(model) == (288 + 32 + 64) + 3 * (9216 + 32 + 64) + (320 + 10)
     assert num_params(model) == 28650
     # CIFAR: 32 -> 16 -> 8 -> 4 -> 2, so 32 * 2 * 2 = 128 features.
-    cifar = build_model(ModelConfig(name="conv4", conv_channels=32), (3, 32, 32), 10)
+    cifar = build_model(section_config("model", name="conv4", conv_channels=32), (3, 32, 32), 10)
     assert num_params(cifar) == (864 + 32 + 64) + 3 * (9216 + 32 + 64) + (128 * 10 + 10)
 
 
@@ -181,4 +181,4 @@ def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="conv4"):
         build_model(CONFIGS["conv4"], (60,), 10)
     with pytest.raises(ValueError, match="unknown model"):
-        build_model(ModelConfig(name="resnet"), (1, 28, 28), 10)
+        build_model(ModelConfig(name="resnet"), (1, 28, 28), 10)  # the base class: build_model itself refuses it

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rayfl.config import ConfigError, ModelConfig
+from rayfl.config import ConfigError, section_config
 from rayfl.models.adapters import LoRAConv2d, LoRALinear
 from rayfl.models.init_from import copy_by_name
 from rayfl.models.networks import build_model, init_params
@@ -34,7 +34,7 @@ def one_torch_thread():
 def model(kind: dict, adapter: str = "none", rank: int = 2) -> torch.nn.Module:
     shape, classes = (SEQ, 11) if kind["name"] == "transformer" else (IMAGE, 7)
     torch.manual_seed(0)
-    return build_model(ModelConfig(**kind, adapter=adapter, adapter_rank=rank), shape, classes)
+    return build_model(section_config("model", **kind, adapter=adapter, adapter_rank=rank), shape, classes)
 
 
 def picked(m: torch.nn.Module, scheme: str, patterns: tuple[str, ...] = ()) -> set[str]:
@@ -174,13 +174,13 @@ def test_copy_by_name_rejects_a_source_parameter_the_target_lacks():
         (dict(name="mlp", adapter="residual"), "model.adapter"),
         (dict(name="transformer", dim=10, heads=4), "model.heads"),
         (dict(adapter_rank=0), "model.adapter_rank"),
-        (dict(width=0), "model.width"),
+        (dict(name="resnet18", width=0), "model.width"),
         (dict(init_from=""), "model.init_from"),
     ],
 )
 def test_bad_model_values_name_their_field(kw, key):
     with pytest.raises(ConfigError) as e:
-        ModelConfig(**kw).validate()
+        section_config("model", **kw).validate()
     assert e.value.key == key
 
 

@@ -16,7 +16,7 @@ from host_fixtures import sized_host
 
 from rayfl.algorithms.fedavg import fedavg_client, fedavg_clients, scaffold_client
 from rayfl.algorithms.local import LocalSchedule
-from rayfl.config import ConfigError, ModelConfig, load_config
+from rayfl.config import ConfigError, load_config, section_config
 from rayfl.engine.host import ClientHostImpl
 from rayfl.engine.vectorized import batched_version, use_batched
 from rayfl.models import build_model
@@ -29,13 +29,18 @@ SIZES = {0: 7, 1: 12, 2: 3, 3: 10, 4: 0}  # unequal, a short last batch, one emp
 TOL = dict(rtol=1e-5, atol=2e-6)
 
 
+def model_config(model: str, hidden: int):
+    """`model` with `hidden` units (a linear model has no hidden layer)."""
+    return section_config("model", name=model, **({} if model == "linear" else {"hidden": [hidden]}))
+
+
 def make_host(vectorize: str, model: str = "mlp", seed: int = 3, hidden: int = 5, device: str = "auto") -> ClientHostImpl:
-    return sized_host(SIZES, F_IN, C, ModelConfig(name=model, hidden=[hidden]), seed, 10.0, vectorize, device)
+    return sized_host(SIZES, F_IN, C, model_config(model, hidden), seed, 10.0, vectorize, device)
 
 
 def initial(model: str = "mlp", hidden: int = 5) -> np.ndarray:
     torch.manual_seed(0)
-    return get_flat(build_model(ModelConfig(name=model, hidden=[hidden]), (F_IN,), C)).numpy()
+    return get_flat(build_model(model_config(model, hidden), (F_IN,), C)).numpy()
 
 
 def run_both(fn, broadcast, per_client=None, budgets=None, model="mlp", rounds=1, hidden=5):
@@ -137,7 +142,7 @@ def test_model_with_batch_statistics_falls_back_to_the_loop():
     rng = np.random.default_rng(0)
     arrays = {"train_x": rng.normal(size=(16, 1, 8, 8)).astype(np.float32), "train_y": rng.integers(0, 2, 16)}
     host = ClientHostImpl(0, arrays, {0: np.arange(8), 1: np.arange(8, 16)}, None,
-                          ModelConfig(name="conv4", conv_channels=2), (1, 8, 8), 2, 0, vectorize="on")
+                          section_config("model", name="conv4", conv_channels=2), (1, 8, 8), 2, 0, vectorize="on")
     x0 = get_flat(host.model).cpu().numpy()
     calls = []
     twin = batched_version(fedavg_client)
@@ -288,9 +293,9 @@ def test_batched_mlp_kernel_matches_float64_autograd_per_client():
     from rayfl.algorithms.local import BatchedMLPGrad
     from rayfl.models.params import functional_logits
 
-    model = build_model(ModelConfig(name="mlp", hidden=[5, 4]), (F_IN,), C)
+    model = build_model(section_config("model", name="mlp", hidden=[5, 4]), (F_IN,), C)
     kernel = BatchedMLPGrad.of(model)
-    assert kernel is not None and BatchedMLPGrad.of(build_model(ModelConfig(name="conv4"), (1, 8, 8), 2)) is None
+    assert kernel is not None and BatchedMLPGrad.of(build_model(section_config("model", name="conv4"), (1, 8, 8), 2)) is None
     g = torch.Generator().manual_seed(0)
     k, b, d = 3, 4, get_flat(model).numel()
     w = torch.randn(k, d, generator=g)
@@ -332,7 +337,7 @@ def test_a_window_of_steps_equals_single_sgd_steps_in_float64(hidden, terms):
     from rayfl.algorithms.local import Affine, BatchedMLPGrad
     from rayfl.models.params import functional_logits
 
-    model = build_model(ModelConfig(name="mlp" if hidden else "linear", hidden=hidden or []), (F_IN,), C)
+    model = build_model(section_config("model", name="mlp", hidden=hidden) if hidden else section_config("model", name="linear"), (F_IN,), C)
     kernel = BatchedMLPGrad.of(model)
     assert kernel is not None
     g = torch.Generator().manual_seed(1)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rayfl.algorithms.zo_hfl import aggregation_weights, zo_hfl_client
-from rayfl.config import Config, ConfigError, ModelConfig, load_config
+from rayfl.config import Config, ConfigError, load_config, section_config
 from rayfl.engine.host import ClientHostImpl
 from rayfl.papers.zo_hfl.toy import implicit_value, lower_level, run_toy
 from rayfl.results import load
@@ -28,7 +28,7 @@ def make_host(n: int = 60, seed: int = 0) -> ClientHostImpl:
         "test_y": np.zeros(1, np.int64),
     }
     clients = {0: np.arange(n, dtype=np.int64), 1: np.arange(n, 2 * n, dtype=np.int64)}
-    return ClientHostImpl(0, arrays, clients, None, ModelConfig(name="linear", bias=False), (1, 8, 8), 4, seed,
+    return ClientHostImpl(0, arrays, clients, None, section_config("model", name="linear", bias=False), (1, 8, 8), 4, seed,
                           flops_per_sample=1.0)
 
 

@@ -28,7 +28,7 @@ from rayfl.algorithms.zo_hfl import (
     zo_estimate,
     zo_hfl_client,
 )
-from rayfl.config import ConfigError, ModelConfig, load_config
+from rayfl.config import ConfigError, load_config, section_config
 from rayfl.data import FederatedDataset
 from rayfl.engine import ClientContext, ClientResult, ServerData
 from rayfl.engine.host import ClientHostImpl
@@ -135,7 +135,7 @@ def test_client_solves_include_the_mu_prox_term():
     eta, lr, lr_offset, steps = 0.3, 0.5, 1.0, 2
     outs, hands = {}, {}
     for mu in (0.8, 0.0):
-        host = ClientHostImpl(0, arrays, {0: np.arange(n)}, None, ModelConfig(name="linear", bias=False), (F_IN,), C,
+        host = ClientHostImpl(0, arrays, {0: np.arange(n)}, None, section_config("model", name="linear", bias=False), (F_IN,), C,
                               seed=4)
         host.states[0]["y_bar"] = torch.from_numpy(y_bar.copy())
         (rec,) = host.run(zo_hfl_client, [0], 1, dict(

@@ -15,7 +15,7 @@ import torch
 from host_fixtures import sized_host
 
 from rayfl.algorithms.zo_hfl import zo_hfl_client, zo_hfl_clients
-from rayfl.config import ModelConfig
+from rayfl.config import section_config
 from rayfl.engine.host import ClientHostImpl
 from rayfl.engine.vectorized import batched_version, use_batched
 from rayfl.zo import ConstraintConfig, direction_seed, sphere_from_seed
@@ -29,7 +29,7 @@ RECORD_KEYS = ("client", "num_samples", "forward_samples", "backward_samples", "
 
 
 def make_host(vectorize: str, bias: bool = True, model: str = "linear") -> ClientHostImpl:
-    return sized_host(SIZES, F_IN, C, ModelConfig(name=model, bias=bias, hidden=[4]), 5, 1.0, vectorize)
+    return sized_host(SIZES, F_IN, C, section_config("model", name=model, bias=bias, **({} if model == "linear" else {"hidden": [4]})), 5, 1.0, vectorize)
 
 
 def dim(bias: bool = True) -> int:

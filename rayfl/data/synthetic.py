@@ -71,6 +71,11 @@ class SyntheticConfig(DataConfig):
     def splittable(self) -> bool:
         return not self.lazy  # a lazy population has no pool to split
 
+    def check_partition(self, partition: PartitionConfig) -> None:
+        if self.lazy and not partition.keeps_dataset_clients:
+            raise ConfigError("data.lazy", f"a lazy population needs partition.method natural, not {partition.method!r}")
+        super().check_partition(partition)
+
     def generated_by_rayfl(self) -> bool:
         return not self.lazy
 
