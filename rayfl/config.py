@@ -125,6 +125,12 @@ class GenericDataConfig(DataConfig):
 
     kwargs: dict[str, Any] = field(default_factory=dict)
 
+    def validate(self) -> None:
+        super().validate()
+        from rayfl.registry import DATASETS, check_kwargs
+
+        check_kwargs("data.kwargs", DATASETS.get(self.dataset).load(), 2, self.kwargs)
+
 
 @dataclass
 class PartitionConfig:
@@ -158,6 +164,12 @@ class GenericPartitionConfig(PartitionConfig):
     handed to it as keyword arguments."""
 
     kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        super().validate()
+        from rayfl.registry import PARTITIONERS, check_kwargs
+
+        check_kwargs("partition.kwargs", PARTITIONERS.get(self.method).load(), 4, self.kwargs)
 
 
 @dataclass
@@ -202,6 +214,12 @@ class GenericModelConfig(ModelConfig):
     to its factory as keyword arguments."""
 
     kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        super().validate()
+        from rayfl.registry import MODELS, check_kwargs
+
+        check_kwargs("model.kwargs", MODELS.get(self.name).load(), 2, self.kwargs)
 
 
 @dataclass

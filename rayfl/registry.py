@@ -100,7 +100,7 @@ class Registry:
         if why is not None:
             raise TypeError(f"cannot register {target!r} as {self.kind} {name!r}: {why}")
         old = self._entries.get(name)
-        if old is not None and not replace and old.target is not target:
+        if old is not None and not replace and not _same_definition(old.target, target):
             raise ValueError(f"{self.kind} {name!r} is already registered ({old.origin}); pass replace=True to replace it")
         self._entries[name] = entry
         if not isinstance(target, str):
@@ -354,6 +354,18 @@ def _import_attr(path: str) -> Any:
     return obj
 
 
+def _same_definition(old: Any, new: Any) -> bool:
+    """The same object, or the same definition made again (a module imported afresh, a
+    notebook cell run twice): same module and qualified name."""
+    if old is new:
+        return True
+    return not isinstance(old, str) and _defined_at(old) == _defined_at(new) and _defined_at(new)[1] is not None
+
+
+def _defined_at(obj: Any) -> tuple[Any, Any]:
+    return getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+
+
 def _first_line(obj: Any) -> str:
     doc = inspect.getdoc(obj) or ""
     return " ".join(doc.split("\n\n")[0].split())[:120]
@@ -377,6 +389,22 @@ class _suppress_attribute_errors:
 
     def __exit__(self, kind: Any, value: Any, tb: Any) -> bool:
         return kind is not None and issubclass(kind, (AttributeError, TypeError))
+
+
+def check_kwargs(key: str, fn: Any, positional: int, kwargs: dict[str, Any]) -> None:
+    """A ConfigError at `key.<name>` for a keyword `fn` does not take (after its first
+    `positional` parameters), listing those it does."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    params = list(sig.parameters.values())
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return
+    takes = [p.name for p in params[positional:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for name in kwargs:
+        if name not in takes:
+            raise ConfigError(f"{key}.{name}", f"{getattr(fn, '__name__', fn)!s} takes no keyword {name!r}; it takes {takes}")
 
 
 # --------------------------------------------------------------------------- kinds

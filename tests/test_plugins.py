@@ -138,6 +138,9 @@ class StandIn:
 
 
 def test_fednova_server_step_matches_a_hand_computation(package: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_public_api import forget_myfl
+
+    forget_myfl(monkeypatch)
     monkeypatch.syspath_prepend(str(package))
     from myfl.fednova import FedNovaConfig, fednova
 
@@ -413,3 +416,22 @@ def test_user_code_mistakes_exit_2_in_one_line_before_ray(package: Path, case: s
     assert lines[0].startswith("rayfl: error: ") and all(n in lines[0] for n in names), lines[0]
     assert ray.is_initialized() == was  # found before Ray started
     assert not (package / "mistakes").exists()  # and before any run directory
+
+
+@pytest.mark.slow
+def test_killed_hosts_replay_the_user_code_to_the_failure_free_tables(package: Path) -> None:
+    """Hosts killed mid-run (engine.kill_host_every) are replaced by hosts that import the
+    user's package again and replay its tasks: the tables equal the failure-free run's."""
+    from test_host_failures import comparable
+
+    out = package / "failures"
+    common = sets(f"output.dir={out}", "engine.num_hosts=2", "engine.num_cpus_per_host=0.5", "engine.max_restarts=10",
+                  "engine.preaggregate=on")
+    run_ok("run", "job.yaml", "--quiet", *common, "--set", "run.run_id=clean", cwd=package)
+    run_ok("run", "job.yaml", "--quiet", *common, "--set", "run.run_id=killed", "--set", "engine.kill_host_every=7",
+           cwd=package)
+    clean, hurt = (load(out / "fednova_femnist" / r) for r in ("clean", "killed"))
+    assert hurt.rounds["host_failures"].sum() >= 2 and clean.rounds["host_failures"].sum() == 0
+    assert hurt.clients["rerun"].any()
+    for table in ("rounds", "clients", "evals"):
+        pd.testing.assert_frame_equal(comparable(getattr(clean, table)), comparable(getattr(hurt, table)), check_like=True)

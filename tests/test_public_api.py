@@ -15,6 +15,7 @@ from test_plugins import write_guide_package
 from test_resume import assert_same_tables, sigterm_after
 
 import rayfl
+import rayfl.registry
 from rayfl.engine.federation import RunInterrupted, evaluate_arrays
 from rayfl.models import get_flat
 from rayfl.results import load
@@ -102,8 +103,29 @@ def test_entries_registered_in_a_notebooks_main_reach_every_host(tmp_path: Path)
     assert "PARAMS 685 [0, 1]" in done.stdout, (done.stdout + done.stderr)[-3000:]  # 64*9+9 + 9*10+10
 
 
+def forget_myfl(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another test's copy of the guide's package may be imported in this process already."""
+    for name in [m for m in sys.modules if m == "myfl" or m.startswith("myfl.")]:
+        monkeypatch.delitem(sys.modules, name)
+
+
+def test_a_job_elsewhere_names_a_package_beside_it_and_the_hosts_find_it(ray_local, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process on a running Ray: the job's directory is searched for `myfl`, and the hosts
+    (fresh processes of that Ray) are told where it was found."""
+    package = write_guide_package(tmp_path / "pkg")
+    forget_myfl(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the root rayfl adds goes with the test
+    run = rayfl.run(package / "job.yaml", ["run.rounds=2", f"data.path={package / 'femnist.parquet'}",
+                                          f"output.dir={tmp_path / 'results'}", "engine.num_hosts=1"])
+    assert len(run.rounds) == 2 and run.summary["host_failures"] == 0
+    assert str(package) in [str(Path(p).resolve()) for p in rayfl.registry.added_roots()]
+
+
 def test_a_users_batched_twin_runs_under_vectorize_and_matches_the_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     package = write_guide_package(tmp_path)
+    forget_myfl(monkeypatch)
     monkeypatch.syspath_prepend(str(package))
     import myfl.fednova as fednova
 

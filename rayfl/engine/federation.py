@@ -224,11 +224,14 @@ class Federation:
         return {n: np.asarray(getattr(ds, n)) for n in names}
 
     def _lease_pool(self) -> Any:
-        """The pooled hosts this run may use, or None (engine.pool off, no pool, GPU hosts, or a
-        head this process started: private to it, so no pool there, and asking took 0.2-0.4 s)."""
+        """The pooled hosts this run may use, or None (engine.pool off, no pool, GPU hosts, user
+        code named by the job, or a head this process started: private to it, so no pool there,
+        and asking took 0.2-0.4 s)."""
         from rayfl.engine import local_ray, pool
 
         if self.cfg.engine.pool == "off" or self.placement.num_gpus > 0 or self.cfg.engine.device == "cuda":
+            return None
+        if self.plugins.names:  # a pooled host may hold another run's module of the same name: fresh hosts
             return None
         if local_ray.joined_own_head():
             return None
