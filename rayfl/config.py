@@ -104,7 +104,8 @@ class DataConfig:
             raise ConfigError(
                 "partition.method",
                 f"{partition.method!r} keeps a dataset's own clients, and {self.dataset!r} has none "
-                "(a file dataset gets them from data.client_column); choose a partitioner, e.g. iid or dirichlet",
+                "(a file dataset gets them from its client column: data.client_column, or data.client_key for npz); "
+                "choose a partitioner, e.g. iid or dirichlet",
             )
         if not partition.keeps_dataset_clients and not self.splittable():
             raise ConfigError(

@@ -120,13 +120,10 @@ def load_pool(cfg: DataConfig, seed: int) -> tuple[ArrayDataset, ArrayDataset]:
 def as_pool(loaded: Any, cfg: DataConfig, seed: int) -> tuple[ArrayDataset, ArrayDataset]:
     """A loader's answer as a checked (train, test) pair: one ArrayDataset is subsampled to
     `max_samples` then split with `test_fraction`; a pair keeps its split, `max_samples`
-    capping both together with their ratio kept."""
+    capping both together with their ratio kept (`pool_rows`)."""
     if isinstance(loaded, ArrayDataset):
         pool = check_samples(loaded, cfg.dataset, "samples")
-        if cfg.max_samples is not None and cfg.max_samples < len(pool):
-            keep = np.sort(numpy_rng(seed, "data.subsample").choice(len(pool), cfg.max_samples, replace=False))
-            pool = pool.take(keep)
-        train, test = split_train_test(len(pool), cfg.test_fraction, numpy_rng(seed, "data.split"))
+        train, test = pool_rows(len(pool), None, cfg, seed)
         return pool.take(train), pool.take(test)
     if not (isinstance(loaded, tuple) and len(loaded) == 2 and all(isinstance(a, ArrayDataset) for a in loaded)):
         raise ConfigError("data.dataset", f"{cfg.dataset!r} returned a {type(loaded).__name__}; a loader returns an "
@@ -135,8 +132,23 @@ def as_pool(loaded: Any, cfg: DataConfig, seed: int) -> tuple[ArrayDataset, Arra
     if train.input_shape != test.input_shape or train.num_classes != test.num_classes:
         raise ConfigError("data.dataset", f"{cfg.dataset!r}: train and test differ in input shape or classes "
                           f"({train.input_shape} / {test.input_shape}, {train.num_classes} / {test.num_classes})")
-    keep_train, keep_test = _official_subsample(len(train), len(test), cfg.max_samples, seed)
+    keep_train, keep_test = pool_rows(len(train), len(test), cfg, seed)
     return train.take(keep_train), test.take(keep_test)
+
+
+def pool_rows(n_train: int, n_test: int | None, cfg: DataConfig, seed: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Which rows become the train and the test set (sorted ids; None: every row of that
+    split), from the row counts alone: one pool (`n_test` None) is subsampled to
+    `max_samples`, then split with `test_fraction`; an own split keeps its ratio under
+    `max_samples`. A table read straight into these rows (rayfl.data.tables) equals the pool
+    `as_pool` makes of the same samples."""
+    if n_test is not None:
+        return _official_subsample(n_train, n_test, cfg.max_samples, seed)
+    keep = None
+    if cfg.max_samples is not None and cfg.max_samples < n_train:
+        keep = np.sort(numpy_rng(seed, "data.subsample").choice(n_train, cfg.max_samples, replace=False))
+    train, test = split_train_test(n_train if keep is None else len(keep), cfg.test_fraction, numpy_rng(seed, "data.split"))
+    return (train, test) if keep is None else (keep[train], keep[test])
 
 
 def check_samples(d: ArrayDataset, name: str, what: str) -> ArrayDataset:
