@@ -104,12 +104,17 @@ class Registry:
             raise ValueError(f"{self.kind} {name!r} is already registered ({old.origin}); pass replace=True to replace it")
         self._entries[name] = entry
         if not isinstance(target, str):
-            with _suppress_attribute_errors():
+            # a mark for import paths naming the target; some objects take no attributes
+            with contextlib.suppress(AttributeError, TypeError):
                 setattr(target, ENTRY_ATTR, entry)
         return target
 
     def unregister(self, name: str) -> None:
         self._entries.pop(name, None)
+
+    def adopt(self, entry: Entry) -> None:
+        """Take an entry another process registered (its driver's, shipped by `Plugins`)."""
+        self._entries[entry.name] = entry
 
     # ---------------------------------------------------------------- looking up
 
@@ -117,11 +122,6 @@ class Registry:
         """Every registered name, entry points included."""
         self._load_builtins()
         return sorted(set(self._entries) | set(self._points()))
-
-    def entries(self) -> Iterator[Entry]:
-        """Every registered entry (entry points loaded), sorted by name."""
-        for name in self.names():
-            yield self.get(name)
 
     def get(self, name: str) -> Entry:
         """The entry a job's `name` means, or a one-line ConfigError at `self.key` that lists
@@ -247,7 +247,7 @@ class Plugins:
                 raise ConfigError("plugins", f"cannot load the entries registered in the driver{_on(where)}: "
                                   f"{type(e).__name__}: {_one_line(e)}") from None
             for kind, entry in shipped.items():
-                REGISTRIES[kind]._entries[entry.name] = entry
+                REGISTRIES[kind].adopt(entry)
         for key, name in self.names:
             registry = next(r for r in REGISTRIES.values() if r.key == key)
             try:
@@ -378,17 +378,6 @@ def _dist_name(ep: Any) -> str:
 
 def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
-
-
-class _suppress_attribute_errors:
-    """Marking a target may fail (a builtin function, a slotted object): it is only a
-    convenience for import paths, so that is not an error."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: Any, value: Any, tb: Any) -> bool:
-        return kind is not None and issubclass(kind, (AttributeError, TypeError))
 
 
 def check_kwargs(key: str, fn: Any, positional: int, kwargs: dict[str, Any]) -> None:

@@ -407,6 +407,9 @@ def test_user_code_mistakes_exit_2_in_one_line_before_ray(package: Path, case: s
     replaced, overrides, names = MISTAKES[case]
     job = {**yaml.safe_load((package / "job.yaml").read_text()), **replaced}
     (package / f"{case}.yaml").write_text(yaml.safe_dump(job))
+    from test_public_api import forget_myfl
+
+    forget_myfl(monkeypatch)  # what this run imports and adds to sys.path goes with the test
     monkeypatch.chdir(package)
     was = ray.is_initialized()
     rc = main(["run", f"{case}.yaml", "--quiet", *sets(*overrides, f"output.dir={package / 'mistakes'}")])

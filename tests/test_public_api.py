@@ -104,9 +104,12 @@ def test_entries_registered_in_a_notebooks_main_reach_every_host(tmp_path: Path)
 
 
 def forget_myfl(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Another test's copy of the guide's package may be imported in this process already."""
+    """Another test's copy of the guide's package may be imported in this process already, its
+    directory on sys.path and among the roots rayfl added: all of it is put back afterwards."""
     for name in [m for m in sys.modules if m == "myfl" or m.startswith("myfl.")]:
         monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if not (Path(p or ".") / "myfl").is_dir()])
+    monkeypatch.setattr(rayfl.registry, "_added_roots", [])
 
 
 def test_a_job_elsewhere_names_a_package_beside_it_and_the_hosts_find_it(ray_local, tmp_path: Path,
@@ -116,7 +119,6 @@ def test_a_job_elsewhere_names_a_package_beside_it_and_the_hosts_find_it(ray_loc
     package = write_guide_package(tmp_path / "pkg")
     forget_myfl(monkeypatch)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", list(sys.path))  # the root rayfl adds goes with the test
     run = rayfl.run(package / "job.yaml", ["run.rounds=2", f"data.path={package / 'femnist.parquet'}",
                                           f"output.dir={tmp_path / 'results'}", "engine.num_hosts=1"])
     assert len(run.rounds) == 2 and run.summary["host_failures"] == 0
