@@ -21,6 +21,10 @@ examples:
                                               a grid x seeds, one run per Ray Tune trial, resumable
   rayfl resume results/default/<run_id>       continue a stopped or killed run from its checkpoint
   rayfl validate jobs/x.yaml                  check a job and print the resolved config
+  rayfl list                                  every algorithm, model, dataset, partitioner and example job
+  rayfl run --example digits_fedavg           an example job shipped with rayfl
+  rayfl run job.yaml --set algorithm.name=mypkg.fednova:fednova
+                                              your own code, named by import path (docs/guides/extending.md)
   rayfl partition jobs/x.yaml --plot part.png the client x class matrix of a job's partition
   rayfl report results/                       tables and plots from finished runs
   rayfl pool start --address auto             warm hosts on a running Ray: runs joining it start faster
