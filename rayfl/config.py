@@ -119,6 +119,14 @@ class DataConfig:
         return False
 
 
+def _check_entry_kwargs(section: str, name: str, positional: int, kwargs: dict[str, Any]) -> None:
+    """`kwargs` of an entry registered without a config class, against its callable's keywords
+    (after its `positional` parameters)."""
+    from rayfl.registry import BY_SECTION, check_kwargs
+
+    check_kwargs(f"{section}.kwargs", BY_SECTION[section].get(name).load(), positional, kwargs)
+
+
 @dataclass
 class GenericDataConfig(DataConfig):
     """The config of a dataset registered without a config class of its own: `kwargs` are
@@ -128,9 +136,7 @@ class GenericDataConfig(DataConfig):
 
     def validate(self) -> None:
         super().validate()
-        from rayfl.registry import DATASETS, check_kwargs
-
-        check_kwargs("data.kwargs", DATASETS.get(self.dataset).load(), 2, self.kwargs)
+        _check_entry_kwargs("data", self.dataset, 2, self.kwargs)
 
 
 @dataclass
@@ -168,9 +174,7 @@ class GenericPartitionConfig(PartitionConfig):
 
     def validate(self) -> None:
         super().validate()
-        from rayfl.registry import PARTITIONERS, check_kwargs
-
-        check_kwargs("partition.kwargs", PARTITIONERS.get(self.method).load(), 4, self.kwargs)
+        _check_entry_kwargs("partition", self.method, 4, self.kwargs)
 
 
 @dataclass
@@ -218,9 +222,7 @@ class GenericModelConfig(ModelConfig):
 
     def validate(self) -> None:
         super().validate()
-        from rayfl.registry import MODELS, check_kwargs
-
-        check_kwargs("model.kwargs", MODELS.get(self.name).load(), 2, self.kwargs)
+        _check_entry_kwargs("model", self.name, 2, self.kwargs)
 
 
 @dataclass

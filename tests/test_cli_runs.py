@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import secrets
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from ray_head import kill_tree, ray_head
+from ray_head import submit as submit_job
 
 from rayfl.cli import main
 from rayfl.results import load
@@ -31,28 +28,6 @@ def env_with_venv() -> dict[str, str]:
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     env.pop("RAY_ADDRESS", None)
     return env
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process and everything it started (Ray workers start their own sessions, so a
-    process-group kill alone would orphan them)."""
-    import psutil
-
-    try:
-        parent = psutil.Process(pid)
-    except psutil.NoSuchProcess:
-        return
-    procs = [parent, *parent.children(recursive=True)]
-    for p in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.kill()
-    psutil.wait_procs(procs, timeout=30)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_help_teaches(capsys):
@@ -157,20 +132,6 @@ def test_ray_job_submit_to_a_local_head(tmp_path):
     the job's Parquet lands there and is read back here; a relative one would land in Ray's
     temporary copy of the working directory, and the driver says so."""
     env = env_with_venv()
-    env["RAY_AUTH_MODE"] = "token"
-    env["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
-    gcs, dash, client, agent = (free_port() for _ in range(4))
-    # a temp dir of the head's own: Ray's job supervisor gives the job's driver the address it
-    # reads from <temp dir>/ray_current_cluster, which in the shared /tmp/ray names whichever Ray
-    # on this machine started last (another test's, running beside this one)
-    ray_temp = tempfile.mkdtemp(prefix="rayfl-head-")
-    head_log = (tmp_path / "head.log").open("w")
-    head = subprocess.Popen(
-        [str(BIN / "ray"), "start", "--head", "--block", f"--port={gcs}", f"--dashboard-port={dash}",
-         f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}", f"--temp-dir={ray_temp}",
-         "--dashboard-host=127.0.0.1", "--num-cpus=2", "--include-dashboard=true", "--disable-usage-stats"],
-        env=env, cwd=tmp_path, start_new_session=True, stdout=head_log, stderr=subprocess.STDOUT,
-    )
     job_dir = tmp_path / "job"
     job_dir.mkdir()
     (job_dir / "tiny.yaml").write_text(
@@ -182,27 +143,11 @@ def test_ray_job_submit_to_a_local_head(tmp_path):
     out_dir = tmp_path / "results"
     # after the run, ask the runner (in the same job environment) about a relative output.dir
     probe = "from rayfl.runner import relative_output_in_job_warning as w; print(w('results'))"
-    try:
-        submit = None
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            submit = subprocess.run(
-                [str(BIN / "ray"), "job", "submit", "--address", f"http://127.0.0.1:{dash}",
-                 "--working-dir", str(job_dir), "--",
-                 "sh", "-c", f"rayfl run tiny.yaml --quiet --set output.dir={out_dir} && python -c \"{probe}\""],
-                env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
-            )
-            submitted = "raysubmit_" in submit.stdout + submit.stderr
-            if submit.returncode == 0 or submitted:
-                break  # a submitted job's failure is a real failure; anything else: head not ready yet
-            time.sleep(2)
-        assert submit is not None and submit.returncode == 0, (submit.stdout + submit.stderr)[-4000:]
-        assert "succeeded" in submit.stdout
-    finally:
-        kill_tree(head.pid)
-        head.wait(timeout=30)
-        head_log.close()
-        shutil.rmtree(ray_temp, ignore_errors=True)
+    with ray_head(tmp_path, env) as address:
+        submit = submit_job(address, job_dir, [
+            "sh", "-c", f"rayfl run tiny.yaml --quiet --set output.dir={out_dir} && python -c \"{probe}\""], env, tmp_path)
+    assert submit.returncode == 0, (submit.stdout + submit.stderr)[-4000:]
+    assert "succeeded" in submit.stdout
     res = load(out_dir)
     assert len(res.rounds) == 3 and res.manifests["status"].tolist() == ["completed"]
     assert pd.read_parquet(next(out_dir.glob("submitted/*/rounds"))).shape[0] == 3

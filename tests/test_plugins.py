@@ -10,12 +10,10 @@ from Parquet, a partitioner), taken from the guide's own code blocks."""
 from __future__ import annotations
 
 import json
-import secrets
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -23,7 +21,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from guide_blocks import blocks, environment
-from test_cli_runs import free_port, kill_tree
+from ray_head import kill_tree, ray_head, submit
 from test_resume import assert_same_tables
 
 from rayfl.results import load
@@ -295,40 +293,15 @@ def test_a_host_that_cannot_import_the_user_code_fails_the_run_in_one_line(tmp_p
 @pytest.mark.slow
 def test_ray_job_submit_with_the_package_only_in_the_working_dir(package: Path, tmp_path: Path) -> None:
     env = environment()
-    env["RAY_AUTH_MODE"] = "token"
-    env["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
-    gcs, dash, client, agent = (free_port() for _ in range(4))
-    ray_temp = tempfile.mkdtemp(prefix="rayfl-head-")
     work = tmp_path / "job"
     shutil.copytree(package / "myfl", work / "myfl")
     for name in ("job.yaml", "femnist.parquet"):
         shutil.copy(package / name, work / name)
-    head_log = (tmp_path / "head.log").open("w")
-    head = subprocess.Popen(
-        [str(BIN / "ray"), "start", "--head", "--block", f"--port={gcs}", f"--dashboard-port={dash}",
-         f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}", f"--temp-dir={ray_temp}",
-         "--dashboard-host=127.0.0.1", "--num-cpus=2", "--include-dashboard=true", "--disable-usage-stats"],
-        env=env, cwd=tmp_path, start_new_session=True, stdout=head_log, stderr=subprocess.STDOUT,
-    )
     out = tmp_path / "results"
-    try:
-        submit = None
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            submit = subprocess.run(
-                [str(BIN / "ray"), "job", "submit", "--address", f"http://127.0.0.1:{dash}", "--working-dir", str(work),
-                 "--", "rayfl", "run", "job.yaml", "--quiet", "--set", "run.rounds=2", "--set", f"output.dir={out}"],
-                env=env, cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT,
-            )
-            if submit.returncode == 0 or "raysubmit_" in submit.stdout + submit.stderr:
-                break  # a submitted job's failure is a real failure; anything else: head not ready yet
-            time.sleep(2)
-        assert submit is not None and submit.returncode == 0, (submit.stdout + submit.stderr)[-4000:]
-    finally:
-        kill_tree(head.pid)
-        head.wait(timeout=30)
-        head_log.close()
-        shutil.rmtree(ray_temp, ignore_errors=True)
+    with ray_head(tmp_path, env) as address:
+        done = submit(address, work, ["rayfl", "run", "job.yaml", "--quiet", "--set", "run.rounds=2",
+                                      "--set", f"output.dir={out}"], env, tmp_path, timeout=RUN_TIMEOUT)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     res = load(out)
     assert res.manifests["status"].tolist() == ["completed"] and len(res.rounds) == 2
     assert res.manifests["algorithm.name"].tolist() == ["myfl.fednova:fednova"]

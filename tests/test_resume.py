@@ -131,7 +131,8 @@ def test_resume_drops_rows_written_after_the_checkpoint(ray_local, results_dir):
 @pytest.mark.slow
 def test_sigkilled_run_resumes_from_its_last_checkpoint(ray_local, results_dir, tmp_path):
     """SIGKILL the `rayfl run` process tree mid-run; `rayfl resume` finishes it."""
-    from test_cli_runs import env_with_venv, kill_tree
+    from ray_head import kill_tree
+    from test_cli_runs import env_with_venv
 
     common = [
         "--set", "algorithm.name=scaffold", "--set", "partition.num_clients=20", "--set", "run.rounds=20",
