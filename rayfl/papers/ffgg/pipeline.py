@@ -29,7 +29,6 @@ from pathlib import Path
 SCHEMES = ("input", "output", "adapter")
 BASELINE_SCHEMES = ("none", "all")
 JOBS = Path(__file__).resolve().parents[3] / "jobs" / "ffgg"
-RESIDUAL_MODELS = ("resnet18", "transformer")
 DATA_SEED = 0  # one data split (and client subsample) for every stage and seed of the table
 
 
@@ -55,8 +54,10 @@ class Plan:
 
 
 def adapter_kind(model_name: str) -> str:
-    """Pillutla et al.'s residual adapters where rayfl has them, LoRA elsewhere (spec §6.21)."""
-    return "residual" if model_name in RESIDUAL_MODELS else "lora"
+    """Pillutla et al.'s residual adapters where the model builds them, LoRA elsewhere (spec §6.21)."""
+    from rayfl.registry import MODELS
+
+    return "residual" if MODELS.config_class(model_name).builds_adapters else "lora"
 
 
 def plan_table1(dataset: str, schemes: tuple[str, ...], seeds: tuple[int, ...], model_name: str) -> Plan:
