@@ -9,12 +9,10 @@ import gzip
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +21,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
+from test_remote_storage import BUCKET, s3_endpoint  # noqa: F401 (the moto S3 server fixture)
 
 from rayfl.config import ConfigError, load_config
 from rayfl.data import build_federated_dataset, tables
@@ -467,37 +466,9 @@ def test_csv_and_npz_mistakes(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------- object stores
 
 
-AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    """A moto S3 server on loopback with one bucket."""
-    moto_server = pytest.importorskip("moto.server")
-    saved = {k: os.environ.get(k) for k in AWS_ENV}
-    os.environ.update(AWS_ENV)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"127.0.0.1:{port}"
-    try:
-        pafs.S3FileSystem(endpoint_override=endpoint, scheme="http", allow_bucket_creation=True).create_dir("tables")
-        yield endpoint
-    finally:
-        server.stop()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def test_parquet_part_files_on_s3(s3_endpoint):
+def test_parquet_part_files_on_s3(s3_endpoint):  # noqa: F811 (the fixture)
     fs = pafs.S3FileSystem(endpoint_override=s3_endpoint, scheme="http")
-    prefix = f"tables/{uuid.uuid4().hex}"
+    prefix = f"{BUCKET}/tables/{uuid.uuid4().hex}"
     for k, start in enumerate((0, 20)):
         with fs.open_output_stream(f"{prefix}/part-{k}.parquet") as f:
             pq.write_table(list_table(20, start=start), f, row_group_size=6)
@@ -511,25 +482,9 @@ def test_parquet_part_files_on_s3(s3_endpoint):
 # --------------------------------------------------------------------------- memory
 
 
-MEASURE = textwrap.dedent("""
-    import json, resource, sys, tracemalloc
-    import psutil
-    import pyarrow as pa
-    from rayfl.config import load_config
-    from rayfl.data import build_federated_dataset
-    from rayfl.data.tables import load_parquet
-
-    def config(path):
-        return load_config(None, ["data.dataset=parquet", f"data.path={path}", "data.client_column=writer",
-                                  "partition.method=iid", "partition.num_clients=100", "algorithm.clients_per_round=10"])
-
-    def run(cfg):
-        # (the arrays made, rows)
-        if sys.argv[3] == "load":  # the reader alone: the (train, test) pair
-            pair = load_parquet(cfg.data, cfg.run.seed)
-            return [a for d in pair for a in (d.x, d.y, d.groups)], sum(len(d) for d in pair)
-        fd = build_federated_dataset(cfg.data, cfg.partition, cfg.run.seed)
-        return [fd.train_x, fd.train_y, fd.test_x, fd.test_y, *fd.client_train], len(fd.train_y) + len(fd.test_y)
+# A measuring script's own peak memory: its high-water mark (VmHWM) and a reset of it.
+RSS_HELPERS = textwrap.dedent("""
+    import resource
 
     def peak_rss():
         # this process's own high-water mark: ru_maxrss would start from the parent's size at fork
@@ -545,6 +500,29 @@ MEASURE = textwrap.dedent("""
                 f.write("5")  # VmHWM := the current RSS
         except OSError:
             pass
+""")
+
+MEASURE = RSS_HELPERS + textwrap.dedent("""
+    import json, sys, tracemalloc
+    import psutil
+    import pyarrow as pa
+    from rayfl.config import load_config
+    from rayfl.data import build_federated_dataset
+    from rayfl.data.tables import load_parquet
+
+    def config(path):
+        # the driver's own reader (data.read_on_hosts leaves large tables' features to the hosts)
+        return load_config(None, ["data.dataset=parquet", f"data.path={path}", "data.client_column=writer",
+                                  "data.read_on_hosts=off", "partition.method=iid", "partition.num_clients=100",
+                                  "algorithm.clients_per_round=10"])
+
+    def run(cfg):
+        # (the arrays made, rows)
+        if sys.argv[3] == "load":  # the reader alone: the (train, test) pair
+            pair = load_parquet(cfg.data, cfg.run.seed)
+            return [a for d in pair for a in (d.x, d.y, d.groups)], sum(len(d) for d in pair)
+        fd = build_federated_dataset(cfg.data, cfg.partition, cfg.run.seed)
+        return [fd.train_x, fd.train_y, fd.test_x, fd.test_y, *fd.client_train], len(fd.train_y) + len(fd.test_y)
 
     run(config(sys.argv[2]))  # warm up: every module a build imports is imported before measuring
     cfg = config(sys.argv[1])

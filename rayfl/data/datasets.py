@@ -17,6 +17,7 @@ import numpy as np
 
 from rayfl.config import ConfigError, DataConfig
 from rayfl.data.errors import DatasetError
+from rayfl.data.rows import is_file_rows, select
 from rayfl.data.sources import data_root, load_cifar10_files, load_idx_dataset
 from rayfl.rng import numpy_rng
 
@@ -30,7 +31,7 @@ class ArrayDataset:
     client as a code in [0, num_groups) (a writer, a user, a generated device): what
     `partition.method: natural` keeps."""
 
-    x: np.ndarray
+    x: np.ndarray  # or a rayfl.data.rows.FileRows: rows of Parquet files not read yet
     y: np.ndarray
     num_classes: int
     name: str
@@ -49,7 +50,7 @@ class ArrayDataset:
         if idx is None:
             return self
         groups = None if self.groups is None else self.groups[idx]
-        return ArrayDataset(self.x[idx], self.y[idx], self.num_classes, self.name, groups, self.num_groups)
+        return ArrayDataset(select(self.x, idx), self.y[idx], self.num_classes, self.name, groups, self.num_groups)
 
 
 @dataclass
@@ -153,8 +154,8 @@ def pool_rows(n_train: int, n_test: int | None, cfg: DataConfig, seed: int) -> t
 
 def check_samples(d: ArrayDataset, name: str, what: str) -> ArrayDataset:
     """One line naming the dataset for samples rayfl cannot train on; float64 inputs become
-    float32 (what the models compute in)."""
-    x, y = np.asarray(d.x), np.asarray(d.y)
+    float32 (what the models compute in). Rows left in their files (FileRows) stay unread."""
+    x, y = (d.x if is_file_rows(d.x) else np.asarray(d.x)), np.asarray(d.y)
     if x.ndim < 2 or y.ndim != 1 or len(x) != len(y):
         raise ConfigError("data.dataset", f"{name!r}: {what} x must be [N, ...] and y [N], got {x.shape} and {y.shape}")
     if d.num_classes < 2:

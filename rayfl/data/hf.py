@@ -38,6 +38,7 @@ from rayfl.config import ConfigError, DataConfig
 from rayfl.data.datasets import ArrayDataset
 from rayfl.data.tables import (
     ColumnConfig,
+    OneColumn,
     Source,
     column_of,
     dataset_name,
@@ -255,22 +256,13 @@ def load_tokenizer(path: str) -> Callable[[str], Any]:
 
 
 @dataclass
-class TextColumn:
+class TextColumn(OneColumn):
     """Texts made into `seq_len` int64 token ids by a tokenizer (truncated, or padded with 0)."""
 
-    column: str
     tokenize: Callable[[str], Any]
     tokenizer: str
     seq_len: int
     dtype: Any = np.int64
-
-    @property
-    def columns(self) -> list[str]:
-        return [self.column]
-
-    @property
-    def numeric(self) -> list[str]:
-        return []
 
     def setup(self, batch: Any, where: str) -> tuple[int, ...]:
         return (self.seq_len,)

@@ -23,6 +23,16 @@ written straight into its place in preallocated train / test arrays. The driver 
 final arrays plus one batch (at most one Parquet row group of the needed columns). The same
 file and seed give the same arrays and partition; rows keep file order.
 
+Large Parquet tables go further (`data.read_on_hosts`, ParquetConfig): the driver reads only
+the label and client columns of the train rows (and the test split's rows), and the train
+features stay in the files as a `rayfl.data.rows.FileRows`; each host reads the rows of its own
+clients when it starts, a row group at a time, from the same files (local or any URI the hosts
+reach: shared storage, S3). The driver's memory then follows the labels, not the features.
+Only Parquet does this: its row groups can be read one by one, found from the metadata alone.
+A CSV file has no such index (a host would parse the whole file to find its rows, once per
+host and again for each replaced host), and an .npz array is read whole by numpy, so both stay
+read on the driver.
+
 `rayfl.data.hf` reads Hugging Face datasets through the same batch reader (`load_table`).
 """
 
@@ -32,9 +42,9 @@ import contextlib
 import fnmatch
 import io
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -43,6 +53,7 @@ import pyarrow.fs as pafs
 
 from rayfl.config import ConfigError, DataConfig
 from rayfl.data.datasets import ArrayDataset, pool_rows
+from rayfl.data.rows import FileRows
 
 # Rows per record batch when a config does not say: small enough that a batch of encoded
 # images or texts stays a few MB, large enough that numeric columns read at full speed.
@@ -53,6 +64,8 @@ PARQUET_SUFFIXES = (".parquet", ".pq", ".parq")
 GLOB_CHARS = "*?["
 # Columns pandas / Hugging Face add for a saved index: never a feature by default.
 INDEX_PREFIX = "__index_level_"
+# data.read_on_hosts: auto leaves train features larger than this to the hosts.
+READ_ON_HOSTS_BYTES = 64 << 20
 
 
 # --------------------------------------------------------------------------- configs
@@ -157,9 +170,18 @@ class TableConfig(ColumnConfig, PathConfig):
 class ParquetConfig(TableConfig):
     """A Parquet table (see TableConfig and ColumnConfig for its keys): one file, a directory of
     part files (those ending .parquet / .pq / .parq, or every file not starting with _ or .) or
-    a glob, read in record batches of the needed columns only."""
+    a glob, read in record batches of the needed columns only.
+
+    `read_on_hosts`: who reads the train features. `off`: the driver, into one array shipped to
+    the hosts. `on`: each host reads its own clients' rows from the files when it starts (the
+    files must be where every host can read them: a local path on one machine, shared storage
+    or a URI such as s3://... on a cluster); the driver reads only the labels, the client ids,
+    the test split and, with data.server_fraction, the server's rows when the run starts.
+    `auto` (the default): `on` when the train features would take more than 64 MiB as arrays.
+    Both give the same samples, so the same results."""
 
     dataset: str = "parquet"
+    read_on_hosts: Literal["auto", "on", "off"] = "auto"
 
 
 @dataclass
@@ -458,6 +480,17 @@ class ParquetPart:
             for group in range(pf.num_row_groups):  # one at a time: Arrow pre-buffers what it is asked for
                 yield from pf.iter_batches(batch_size=batch_rows, row_groups=[group], columns=list(columns))
 
+    def first_row(self, columns: Sequence[str]) -> Any:
+        """A record batch of the first row's `columns` (None for a file without rows)."""
+        import pyarrow.parquet as pq
+
+        with self._guard(), self.ref.fs.open_input_file(self.ref.path) as f:
+            pf = pq.ParquetFile(f)
+            for group in range(pf.num_row_groups):
+                if pf.metadata.row_group(group).num_rows:
+                    return next(pf.iter_batches(batch_size=1, row_groups=[group], columns=list(columns)))
+        return None
+
     def _guard(self) -> _ReadErrors:
         return _ReadErrors(self.key, f"{self.where} is not a readable Parquet file")
 
@@ -575,14 +608,10 @@ class NumericColumns:
 
 
 @dataclass
-class ListColumn:
-    """One list column (fixed-size or not, possibly nested); every row must hold as many
-    numbers as the first, in the same nesting."""
+class OneColumn:
+    """Features read from one column (a list, encoded images, texts): no numeric columns."""
 
     column: str
-    shape: tuple[int, ...] | None = None
-    dtype: Any = np.float32
-    dims: tuple[int, ...] = ()
 
     @property
     def columns(self) -> list[str]:
@@ -591,6 +620,16 @@ class ListColumn:
     @property
     def numeric(self) -> list[str]:
         return []
+
+
+@dataclass
+class ListColumn(OneColumn):
+    """One list column (fixed-size or not, possibly nested); every row must hold as many
+    numbers as the first, in the same nesting."""
+
+    shape: tuple[int, ...] | None = None
+    dtype: Any = np.float32
+    dims: tuple[int, ...] = ()
 
     def setup(self, batch: Any, where: str) -> tuple[int, ...]:
         first = column_of(batch, self.column).slice(0, 1)
@@ -622,21 +661,12 @@ class ListColumn:
 
 
 @dataclass
-class ImageColumn:
+class ImageColumn(OneColumn):
     """Encoded images (PNG, JPEG, anything Pillow reads), decoded to float32 [C, H, W] in
     [0, 1]: grayscale as one channel, anything else as RGB. All must share the first's size."""
 
-    column: str
     dtype: Any = np.float32
     first: tuple[int, ...] = ()
-
-    @property
-    def columns(self) -> list[str]:
-        return [self.column]
-
-    @property
-    def numeric(self) -> list[str]:
-        return []
 
     def setup(self, batch: Any, where: str) -> tuple[int, ...]:
         self.first = decode_image(image_bytes(column_of(batch, self.column)[0], self.column, where, 0), self.column, where, 0).shape
@@ -709,8 +739,11 @@ class Columns:
     client: str | None
 
     def needed(self, has_client: bool = True) -> list[str]:
-        ids = [self.label] + ([self.client] if self.client is not None and has_client else [])
-        return [*self.features.columns, *(c for c in ids if c not in self.features.columns)]
+        return [*self.features.columns, *(c for c in self.ids(has_client) if c not in self.features.columns)]
+
+    def ids(self, has_client: bool = True) -> list[str]:
+        """The label and client columns (without the features)."""
+        return [self.label] + ([self.client] if self.client is not None and has_client else [])
 
 
 def resolve_columns(cfg: ColumnConfig, schema: pa.Schema, where: str, text: Features | None = None) -> Columns:
@@ -812,7 +845,7 @@ def _no_nulls(arr: pa.Array, key: str, name: str, where: str) -> None:
 class Rows:
     """What one destination (train or test) got from a source: samples, raw labels, raw ids."""
 
-    x: np.ndarray
+    x: np.ndarray | FileRows | None  # None: the features were not read (read_rows(features=False))
     labels: pa.Array | np.ndarray
     clients: pa.Array | np.ndarray | None
 
@@ -843,45 +876,53 @@ class IdSink:
         return concat(self.pieces, key, name, where)
 
 
-def read_rows(source: Source, cols: Columns, wanted: list[np.ndarray], batch_rows: int) -> list[Rows]:
+def read_rows(source: Source, cols: Columns, wanted: list[np.ndarray], batch_rows: int, features: bool = True) -> list[Rows]:
     """The rows at `wanted` (sorted file-row ids, one array per destination) of `source`, read
     in batches of the needed columns only, each batch's rows written straight into arrays
-    preallocated once the first row shows the sample shape."""
-    has_client = [cols.client is not None and cols.client in p.schema().names for p in source.parts]
-    if len(set(has_client)) > 1:
-        raise ConfigError("data.client_column", f"column {cols.client!r} is in some part files of {source.where} but not all")
-    client = cols.client if has_client and has_client[0] else None
-    features = cols.features
+    preallocated once the first row shows the sample shape. `features=False` reads the label
+    and client columns alone (the rows' `x` is then None)."""
+    client = client_column(source, cols)
+    reader = cols.features
+    columns = cols.needed(client is not None) if features else cols.ids(client is not None)
     outs: list[np.ndarray] | None = None
     labels = [IdSink(len(w)) for w in wanted]
     clients = [IdSink(len(w)) for w in wanted]
     offset = 0
     for part in source.parts:
-        for batch in part.batches(cols.needed(client is not None), batch_rows, features.numeric):
+        for batch in part.batches(columns, batch_rows, reader.numeric if features else []):
             n = batch.num_rows
             if n == 0:
                 continue
-            if outs is None:
-                shape = features.setup(batch, part.where)
-                outs = [np.empty((len(w), *shape), dtype=features.dtype) for w in wanted]
+            if outs is None and features:
+                shape = reader.setup(batch, part.where)
+                outs = [np.empty((len(w), *shape), dtype=reader.dtype) for w in wanted]
             for i, w in enumerate(wanted):
                 lo, hi = (int(b) for b in np.searchsorted(w, [offset, offset + n]))
                 if hi == lo:
                     continue
                 idx = pa.array(w[lo:hi] - offset, type=pa.int64())
-                features.fill(outs[i][lo:hi], batch, idx, part.where, offset)
+                if outs is not None:
+                    reader.fill(outs[i][lo:hi], batch, idx, part.where, offset)
                 labels[i].add(column_of(batch, cols.label).take(idx), lo, hi)
                 if client is not None:
                     clients[i].add(column_of(batch, client).take(idx), lo, hi)
             offset += n
             release_batch_memory()
     expected = sum(p.num_rows() for p in source.parts)
-    if outs is None or offset != expected:
-        raise ConfigError(source.parts[0].key, f"{source.where} has no rows" if outs is None
+    if offset == 0 or offset != expected:
+        raise ConfigError(source.parts[0].key, f"{source.where} has no rows" if offset == 0
                           else f"{source.where} gave {offset} rows, its metadata says {expected} (did it change while read?)")
     return [Rows(x, lab.result("data.label_column", cols.label, source.where),
                  cl.result("data.client_column", str(client), source.where) if client is not None else None)
-            for x, lab, cl in zip(outs, labels, clients, strict=True)]
+            for x, lab, cl in zip(outs or [None] * len(wanted), labels, clients, strict=True)]
+
+
+def client_column(source: Source, cols: Columns) -> str | None:
+    """The client column when every part file has it, None when none has; else an error."""
+    has_client = [cols.client is not None and cols.client in p.schema().names for p in source.parts]
+    if len(set(has_client)) > 1:
+        raise ConfigError("data.client_column", f"column {cols.client!r} is in some part files of {source.where} but not all")
+    return cols.client if has_client and has_client[0] else None
 
 
 def release_batch_memory() -> None:
@@ -907,13 +948,46 @@ def load_table(cfg: ColumnConfig, seed: int, train: Source, test: Source | None,
     ids = [c for c in (cols.label, cols.client) if c is not None]
     n_train = sum(p.num_rows(ids) for p in train.parts)
     n_test = None if test is None else sum(p.num_rows([c for c in ids if c in p.schema().names]) for p in test.parts)
-    train_rows, test_rows = (np.arange(n) if rows is None else rows
-                             for rows, n in zip(pool_rows(n_train, n_test, cfg, seed), (n_train, n_test or 0), strict=True))
-    if test is None:
-        got = read_rows(train, cols, [train_rows, test_rows], cfg.rows_per_batch())
+    picked = pool_rows(n_train, n_test, cfg, seed)  # None: every row of that split
+    train_rows, test_rows = (np.arange(n) if rows is None else rows for rows, n in zip(picked, (n_train, n_test or 0), strict=True))
+    batch = cfg.rows_per_batch()
+    shape = host_read_shape(cfg, train, cols, len(train_rows))
+    if shape is not None:
+        got = read_ids_here(train, test, cols, train_rows, test_rows, shape, batch, every_train_row=picked[0] is None)
+    elif test is None:
+        got = read_rows(train, cols, [train_rows, test_rows], batch)
     else:
-        got = read_rows(train, cols, [train_rows], cfg.rows_per_batch()) + read_rows(test, cols, [test_rows], cfg.rows_per_batch())
+        got = read_rows(train, cols, [train_rows], batch) + read_rows(test, cols, [test_rows], batch)
     return assemble(got, cfg, name, train.where, num_classes)
+
+
+def host_read_shape(cfg: ColumnConfig, train: Source, cols: Columns, n_rows: int) -> tuple[int, ...] | None:
+    """The sample shape when the hosts are to read the train features (`data.read_on_hosts`:
+    on, or auto with features over READ_ON_HOSTS_BYTES), else None. Read off the first row
+    (the feature reader is set up by it, as the eager reader's first batch does)."""
+    mode = getattr(cfg, "read_on_hosts", "off")
+    if mode == "off" or not all(isinstance(p, ParquetPart) for p in train.parts):
+        return None
+    first = next((b for b in (p.first_row(cols.features.columns) for p in train.parts) if b is not None), None)
+    if first is None:
+        return None  # no rows: the eager reader says so
+    shape = tuple(cols.features.setup(first, train.parts[0].where))
+    size = n_rows * int(np.prod(shape)) * np.dtype(cols.features.dtype).itemsize
+    return shape if mode == "on" or size > READ_ON_HOSTS_BYTES else None
+
+
+def read_ids_here(train: Source, test: Source | None, cols: Columns, train_rows: np.ndarray, test_rows: np.ndarray,
+                  shape: tuple[int, ...], batch: int, every_train_row: bool) -> list[Rows]:
+    """The train split's labels and client ids, its features left in the files (a FileRows the
+    hosts read), and the test split's rows read here (for the driver's evaluation)."""
+    files = FileRows(tuple(p.ref for p in train.parts), np.array([p.num_rows() for p in train.parts], dtype=np.int64),
+                     None if every_train_row else train_rows, cols.features, shape, batch)
+    if test is not None:
+        ids = read_rows(train, cols, [train_rows], batch, features=False)
+        return [Rows(files, ids[0].labels, ids[0].clients), *read_rows(test, cols, [test_rows], batch)]
+    ids = read_rows(train, cols, [train_rows, test_rows], batch, features=False)
+    test_x = replace(files, ids=test_rows).read()
+    return [Rows(files, ids[0].labels, ids[0].clients), Rows(test_x, ids[1].labels, ids[1].clients)]
 
 
 def check_parts(source: Source, cols: Columns, cfg: ColumnConfig) -> None:

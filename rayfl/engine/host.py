@@ -26,6 +26,7 @@ import torch
 
 from rayfl.config import ConfigError, ModelConfig, section_config
 from rayfl.data.lazy import ClientIds
+from rayfl.data.rows import host_rows, is_file_rows
 from rayfl.engine.context import ClientContext
 from rayfl.engine.exact_sum import KeptValue, fixed_point_sum
 from rayfl.engine.payload import payload_nbytes, to_numpy_tree
@@ -73,9 +74,15 @@ class ClientHostImpl:
         retain_freed_memory()
         self.vectorize = vectorize  # engine.vectorize: run opted-in algorithms' clients as one batch
         self.host_id = host_id
-        self.arrays = arrays
         # a lazy population (rayfl.data.lazy) arrives as its source plus this host's client ids
         self.source = arrays if hasattr(arrays, "client_arrays") else None
+        if self.source is None and is_file_rows(arrays["train_x"]):  # read its clients' rows itself, once
+            try:
+                arrays, client_train = host_rows(arrays, client_train)
+            except ConfigError as e:  # the files cannot be read here: a one-line error on the driver
+                self.start_error = (e.key, str(e).partition(": ")[2])
+                return
+        self.arrays = arrays
         self.client_train = ClientIds(client_train) if self.source is not None else dict(client_train)
         self.client_test = dict(client_test) if client_test is not None else None
         self.seed = seed
@@ -288,6 +295,7 @@ class ClientHostImpl:
             "pid": os.getpid(),
             "node_id": _node_id(),
             "clients": len(self.client_train),
+            "train_rows": len(self.arrays["train_y"]) if self.source is None else None,  # the rows it holds
             "device": str(self.device),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "torch_threads": torch.get_num_threads(),
