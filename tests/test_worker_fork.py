@@ -176,7 +176,8 @@ hosts = {}
 while run.poll() is None:
     for p in psutil.process_iter(["pid", "cmdline"]):
         try:
-            if p.info["cmdline"] and p.info["cmdline"][0].startswith("ray::ClientHost") and p.pid not in hosts:
+            if p.info["cmdline"] and p.info["cmdline"][0].startswith("ray::ClientHost") and p.pid not in hosts \
+                    and p.environ().get("RAY_TMPDIR") == tmp:  # this run's: other tests' hosts run beside it
                 server = p.parent()
                 hosts[p.pid] = [server.name(), server.ppid() == run.pid]
         except (psutil.Error, TypeError):
