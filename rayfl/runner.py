@@ -160,9 +160,7 @@ def check_model(cfg: Config, dataset: FederatedDataset) -> None:
 def check_dataset_object(dataset: Any) -> None:
     """A dataset handed in from Python (not built from the config) is stored with the run so
     `rayfl resume` can continue it: it must be a FederatedDataset with row arrays."""
-    if getattr(dataset, "from_config", False):
-        return
-    if not isinstance(dataset, FederatedDataset):
+    if not getattr(dataset, "from_config", False) and not isinstance(dataset, FederatedDataset):
         raise ConfigError("dataset", f"a dataset handed in from Python must be a rayfl.data.FederatedDataset (it is stored "
                           f"with the run, for resume), not a {type(dataset).__name__}")
 
@@ -180,6 +178,7 @@ def run_experiment(
         logging.getLogger(__name__).warning(warning)
     if dataset is None:
         dataset = build_dataset(cfg)
+    handed_in = not getattr(dataset, "from_config", False)  # stored with the run, for resume
     check_dataset_object(dataset)
     check_model(cfg, dataset)
     run_id = cfg.run.run_id or default_run_id(cfg)
@@ -197,7 +196,7 @@ def run_experiment(
                 "test_samples": int(len(dataset.test_y)),
                 "server_samples": 0 if dataset.server_train is None else int(len(dataset.server_train)),
                 "empty_clients": [int(c) for c in dataset.empty_clients()],
-                **({} if getattr(dataset, "from_config", False) else {"stored": STORED_FILE}),
+                **({"stored": STORED_FILE} if handed_in else {}),
             },
             "plugins": Plugins.of(cfg).to_manifest(),
             "cwd": os.getcwd(),  # where relative paths in the config were meant (for resume)
@@ -207,7 +206,7 @@ def run_experiment(
         writer = RunWriter(
             cfg.output.dir, cfg.run.experiment, run_id, manifest, overwrite=cfg.output.overwrite, **cfg.output.writer_options()
         )
-        if not getattr(dataset, "from_config", False):
+        if handed_in:
             write_atomically(Location.parse(writer.run_dir).child(STORED_FILE), dataset_bytes(dataset))
         return _execute(cfg, dataset, writer, None, progress, on_start)
     finally:
