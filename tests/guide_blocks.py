@@ -45,6 +45,8 @@ def blocks(text: str) -> list[Block]:
 
 
 def environment() -> dict[str, str]:
+    """This environment for a subprocess: its venv's commands first on PATH, no usage stats,
+    and no RAY_ADDRESS (a command starts its own Ray unless told otherwise)."""
     env = dict(os.environ)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     env["RAY_USAGE_STATS_ENABLED"] = "0"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from guide_blocks import environment as env_with_venv
 from ray_head import kill_tree, ray_head
 from ray_head import submit as submit_job
 
@@ -20,14 +20,6 @@ from rayfl.results import load
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-
-
-def env_with_venv() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    env["RAY_USAGE_STATS_ENABLED"] = "0"
-    env.pop("RAY_ADDRESS", None)
-    return env
 
 
 def test_help_teaches(capsys):

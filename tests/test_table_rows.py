@@ -36,6 +36,7 @@ from test_tables import (  # noqa: F401
     list_table,
     pq_cfg,
     s3_endpoint,
+    write_big_table,
     write_parquet,
 )
 
@@ -308,21 +309,6 @@ TRAIN_MEASURED = RSS_HELPERS + textwrap.dedent("""
     grown = peak_rss() - rss0
     print(json.dumps({"peak_growth": grown, **seen}))
 """)
-
-
-def write_big_table(path: Path, n: int, feats: int, group: int, seed: int = 0) -> None:
-    """n rows of `feats` float32 features (a fixed-size list), labels i % 10, 100 rows a writer."""
-    schema = pa.schema([("features", pa.list_(pa.float32(), feats)), ("label", pa.int64()), ("writer", pa.int64())])
-    rng = np.random.default_rng(seed)
-    chunk = min(n, 100_000)
-    with pq.ParquetWriter(path, schema) as writer:
-        for start in range(0, n, chunk):
-            x = rng.random((chunk, feats), dtype=np.float32)
-            writer.write_table(pa.table({
-                "features": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), feats),
-                "label": np.arange(start, start + chunk) % 10,
-                "writer": np.arange(start, start + chunk) // 100,
-            }, schema=schema), row_group_size=group)
 
 
 def test_a_million_row_parquet_table_trains_with_the_features_left_to_the_hosts(tmp_path):

@@ -547,21 +547,28 @@ def measure(path: Path, small: Path, what: str, how: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_a_million_row_parquet_table_is_read_in_batches(tmp_path):
-    """The driver's peak extra memory stays near the final float32 arrays, well below what
-    holding the table (features, labels, writers) twice in Arrow or pandas would take."""
-    n, chunk, feats = 1_000_000, 100_000, 20
-    path = tmp_path / "big.parquet"
+def write_big_table(path: Path, n: int, feats: int, group: int, seed: int = 0, per_writer: int = 100) -> None:
+    """n rows of `feats` float32 features (a fixed-size list), labels i % 10, `per_writer` rows
+    a writer, in row groups of `group` rows, written 100,000 rows at a time."""
     schema = pa.schema([("features", pa.list_(pa.float32(), feats)), ("label", pa.int64()), ("writer", pa.int64())])
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
+    chunk = min(n, 100_000)
     with pq.ParquetWriter(path, schema) as writer:
         for start in range(0, n, chunk):
             x = rng.random((chunk, feats), dtype=np.float32)
             writer.write_table(pa.table({
                 "features": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), feats),
                 "label": np.arange(start, start + chunk) % 10,
-                "writer": np.arange(start, start + chunk) // 500,
-            }, schema=schema), row_group_size=20_000)
+                "writer": np.arange(start, start + chunk) // per_writer,
+            }, schema=schema), row_group_size=group)
+
+
+def test_a_million_row_parquet_table_is_read_in_batches(tmp_path):
+    """The driver's peak extra memory stays near the final float32 arrays, well below what
+    holding the table (features, labels, writers) twice in Arrow or pandas would take."""
+    n, feats = 1_000_000, 20
+    path = tmp_path / "big.parquet"
+    write_big_table(path, n, feats, group=20_000, per_writer=500)
     first = pq.ParquetFile(path).read_row_group(0)
     small = write_parquet(tmp_path / "small.parquet", first.slice(0, 1000))
     arrow_bytes = n * (feats * 4 + 8 + 8)  # the table in Arrow memory, once
