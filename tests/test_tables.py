@@ -588,7 +588,9 @@ def test_a_million_row_parquet_table_is_read_in_batches(tmp_path):
     # the reader: its final arrays, the split's index arrays and a batch; Arrow holds a row group or two
     assert load["traced_peak"] < load["final"] + 0.25 * arrow_bytes
     assert load_rss["rss_peak_extra"] < 2 * arrow_bytes
-    assert load["arrow_peak"] < 0.1 * arrow_bytes and built["arrow_peak"] < 0.1 * arrow_bytes
+    # Arrow's pool peaked at 7.1-9.2 MiB (a row group or two, by the allocator's mood); the whole
+    # file pre-buffered took 111 MiB
+    assert load["arrow_peak"] < 0.25 * arrow_bytes and built["arrow_peak"] < 0.25 * arrow_bytes
     # the whole process, partitioner's index arrays (8 bytes a row each) included: less than the
     # table held twice (in Arrow and in pandas, as pd.read_parquet does), let alone the copies after
     assert built["rss_peak_extra"] < arrow_bytes + pandas_bytes
