@@ -46,6 +46,7 @@ _EXPORTS = {
     "local_sgd_batched": ("rayfl.algorithms.local", "local_sgd_batched"),
     "LocalSchedule": ("rayfl.algorithms.local", "LocalSchedule"),
     "batched": ("rayfl.engine.vectorized", "batched"),
+    "stateless": ("rayfl.engine.balance", "stateless"),
     "get_flat": ("rayfl.models.params", "get_flat"),
     "set_flat": ("rayfl.models.params", "set_flat"),
     "build_model": ("rayfl.models.networks", "build_model"),

@@ -33,6 +33,9 @@ examples:
   rayfl bench zo                              wall time of a ZO-HFL round vs FedAvg rounds (offline MNIST)
   rayfl bench fedavg-mlp                      rayfl (vectorised / loop, 1 and 2 hosts) vs a plain PyTorch loop
   rayfl bench fedprox-mlp                     the same with FedProx's proximal term (mu 0.01)
+  rayfl bench femnist-cnn                     LEAF's FEMNIST CNN, 20 writers a round: defaults vs on / off vs the loop
+  rayfl bench cifar-resnet                    ResNet-18-GN on CIFAR-10-shaped data, Dirichlet 0.3
+  rayfl bench shakespeare-lstm                LEAF's character LSTM on Shakespeare-shaped sequences
   rayfl bench fedavg-mlp --device cuda --hosts 1,4,8   the same with the hosts sharing one GPU
   rayfl bench startup                         a 10-round fedavg-mlp run as a process: seconds outside its rounds
 
@@ -185,13 +188,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="time runs that join a head with warm pooled hosts (the bench starts and stops both)")
     st.add_argument("--hosts", type=int, default=2, help="pooled hosts with --warm (default 2)")
     st.add_argument("--out", default="bench/startup.json")
-    for workload in ("fedavg-mlp", "fedavg-linear", "fedprox-mlp"):
+    from rayfl.bench.workloads import WORKLOADS
+
+    for workload, spec in WORKLOADS.items():
         fa = bsub.add_parser(workload, help=f"{workload}: rayfl vs a plain PyTorch loop doing the same client work "
-                             "(1,000 clients x 60 samples, 100 per round)")
-        fa.add_argument("--rounds", type=int, default=12, help="rounds per run (round 0 and the last are not timed)")
-        fa.add_argument("--hosts", type=_int_list, default=[1, 2], help="engine.num_hosts values, e.g. 1,2")
-        fa.add_argument("--vectorize", type=_vectorize_list, default=["on", "off"], help="engine.vectorize values: on,off")
-        fa.add_argument("--preaggregate", type=_on_off_list, default=["off", "on"],
+                             f"({spec.model}; {spec.data})")
+        fa.add_argument("--rounds", type=int, default=spec.rounds, help="rounds per run (round 0 and the last are not timed)")
+        fa.add_argument("--hosts", type=_int_list, default=list(spec.hosts), help="engine.num_hosts values, e.g. 1,2")
+        fa.add_argument("--vectorize", type=_vectorize_list, default=list(spec.vectorize),
+                        help="engine.vectorize values, e.g. auto,on,off")
+        fa.add_argument("--preaggregate", type=_on_off_list, default=list(spec.preaggregate),
                         help="engine.preaggregate values: off,on (host pre-aggregation)")
         fa.add_argument("--loop-threads", type=int, default=1, help="torch threads of the reference loop (0: torch's default)")
         fa.add_argument("--repeat", type=int, default=1,
@@ -515,15 +521,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from rayfl.bench.zo import run_zo_bench
 
         result = run_zo_bench(args.rounds, Path(args.out), args.source, args.data_dir, args.vectorize)
-    elif args.bench in ("fedavg-mlp", "fedavg-linear", "fedprox-mlp"):
+    elif args.bench == "async":
+        from rayfl.bench.asynchronous import run_async_bench
+
+        result = run_async_bench(args.clients, args.target, args.rounds, args.updates, Path(args.out))
+    else:  # a workload against the plain loop (rayfl.bench.workloads)
         from rayfl.bench.fedavg import run_fedavg_bench
 
         result = run_fedavg_bench(args.bench, args.rounds, Path(args.out), args.hosts, args.vectorize, args.loop_threads or None,
                                   args.preaggregate, args.device, args.repeat)
-    else:
-        from rayfl.bench.asynchronous import run_async_bench
-
-        result = run_async_bench(args.clients, args.target, args.rounds, args.updates, Path(args.out))
     print(json.dumps(result, indent=2))
     return 0
 

@@ -306,9 +306,15 @@ class EngineConfig:
     # client tasks (0: never).
     kill_host_every: int = 0
     # Run a host's clients of one call as one batch (rayfl.engine.vectorized) where the
-    # algorithm offers a batched client function: `auto` for >= 2 clients, `on` always, `off`
-    # never (the plain loop; results differ from vectorised ones only to float32 tolerance).
-    vectorize: Literal["auto", "on", "off"] = "off"
+    # algorithm offers a batched client function: `auto` where batching pays (rayfl's MLP /
+    # linear kernel anywhere, other networks on a GPU), `on` always, `off` never (the plain
+    # loop; results differ from vectorised ones only to float32 tolerance).
+    vectorize: Literal["auto", "on", "off"] = "auto"
+    # Spread a call's clients over the hosts by their expected work (`auto`) instead of running
+    # each on the host that holds it (`off`), for client functions that keep no state
+    # (rayfl.engine.balance; FedAvg and FedProx): rounds of few clients of unequal sizes end
+    # sooner. The same results either way.
+    balance: Literal["auto", "off"] = "auto"
     # Host pre-aggregation: outputs an algorithm only sums (FedAvg's and SCAFFOLD's deltas)
     # stay on the hosts, which send one exact partial sum each (rayfl.engine.exact_sum), not one
     # vector per client. Same bits as `off`, for any number of hosts.
@@ -321,6 +327,7 @@ class EngineConfig:
     def validate(self) -> None:
         _choice("engine.vectorize", self.vectorize, ("auto", "on", "off"))
         _choice("engine.pool", self.pool, ("auto", "off"))
+        _choice("engine.balance", self.balance, ("auto", "off"))
         _choice("engine.preaggregate", self.preaggregate, ("on", "off"))
         if self.num_hosts is not None:
             _positive("engine.num_hosts", self.num_hosts)

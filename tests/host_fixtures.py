@@ -11,15 +11,19 @@ from rayfl.config import ModelConfig
 from rayfl.engine.host import ClientHostImpl
 
 
-def sized_host(sizes: Mapping[int, int], features: int, classes: int, model: ModelConfig, seed: int,
-               flops_per_sample: float, vectorize: str, device: str = "auto") -> ClientHostImpl:
+def sized_host(sizes: Mapping[int, int], features: int | tuple[int, ...], classes: int, model: ModelConfig, seed: int,
+               flops_per_sample: float, vectorize: str, device: str = "auto", tokens: bool = False) -> ClientHostImpl:
     """A host of clients with `sizes[c]` rows each (0 allowed), Gaussian features and uniform
-    labels from one fixed stream, so two hosts built alike hold the same data."""
+    labels from one fixed stream, so two hosts built alike hold the same data. `features` is
+    a row's width or its shape (images: (C, H, W)); with `tokens` the rows are int64 token
+    sequences over a vocabulary of `classes` instead of Gaussian floats."""
     rng = np.random.default_rng(0)
     n = sum(sizes.values())
-    arrays = {"train_x": rng.normal(size=(n, features)).astype(np.float32),
-              "train_y": rng.integers(0, classes, size=n).astype(np.int64)}
+    shape = (features,) if isinstance(features, int) else tuple(features)
+    x = rng.integers(0, classes, size=(n, *shape)).astype(np.int64) if tokens else \
+        rng.normal(size=(n, *shape)).astype(np.float32)
+    arrays = {"train_x": x, "train_y": rng.integers(0, classes, size=n).astype(np.int64)}
     bounds = np.cumsum([0, *sizes.values()])
     clients = {c: np.arange(bounds[i], bounds[i + 1]) for i, c in enumerate(sizes)}
-    return ClientHostImpl(0, arrays, clients, None, model, (features,), classes, seed,
+    return ClientHostImpl(0, arrays, clients, None, model, shape, classes, seed,
                           flops_per_sample=flops_per_sample, vectorize=vectorize, device=device)

@@ -129,16 +129,19 @@ def test_paired_row_takes_the_median_of_back_to_back_ratios():
     from rayfl.bench.fedavg import paired_row
 
     def row(s: float, diff: float, same: bool = True) -> dict:
-        return {"seconds_per_round": s, "client_updates_per_second": 100 / s, "peak_rss_mb": 10 * s,
-                "max_abs_diff": diff, "same_clients": same, "run_dir": f"r{s}"}
+        return {"seconds_per_round": s, "mean_round_seconds": s, "client_updates_per_second": 100 / s,
+                "peak_rss_mb": 10 * s, "max_abs_diff": diff, "same_clients": same, "run_dir": f"r{s}"}
 
     # the machine slowed during pair 2: its ratio, not its seconds, is what compares
-    out = paired_row([(row(1.0, 1e-6), 1.0), (row(2.2, 3e-6), 2.0), (row(0.9, 2e-6), 1.0)])
+    out = paired_row([(row(1.0, 1e-6), 1.0, 1.0), (row(2.2, 3e-6), 2.0, 2.0), (row(0.9, 2e-6), 1.0, 1.0)])
     assert out["ratios"] == [1.0, 1.1, 0.9]
     assert out["ratio_to_loop"] == 1.0
     assert out["seconds_per_round"] == 1.0 and out["loop_seconds_per_round"] == 1.0
     assert out["client_updates_per_second"] == 100.0
     assert out["peak_rss_mb"] == 22.0 and out["max_abs_diff"] == 3e-6 and out["same_clients"]
-    assert not paired_row([(row(1.0, 0.0), 1.0), (row(1.0, 0.0, same=False), 1.0)])["same_clients"]
+    assert not paired_row([(row(1.0, 0.0), 1.0, 1.0), (row(1.0, 0.0, same=False), 1.0, 1.0)])["same_clients"]
+    # the ratio is of means over the same rounds, not of medians of different ones
+    uneven = dict(row(1.0, 0.0), mean_round_seconds=3.0)
+    assert paired_row([(uneven, 2.0, 4.0)])["ratio_to_loop"] == 0.75
     p = build_parser()
     assert p.parse_args(["bench", "fedavg-mlp", "--repeat", "3"]).repeat == 3

@@ -88,7 +88,9 @@ def test_one_actor_per_client_matches_one_host(ray_local, results_dir):
     extra = ["partition.num_clients=4", "algorithm.clients_per_round=3", "system.policy=deadline",
              "system.deadline=0.3", "system.late_policy=partial"]
     packed = mlp_run(results_dir, "packed", *extra, "engine.num_hosts=1", "engine.num_cpus_per_host=0.5")
-    spread = mlp_run(results_dir, "per-client", *extra, "engine.clients_per_host=1", "engine.num_cpus_per_host=0.25")
+    # engine.balance off: each client on its own actor (balanced, the same results: tests/test_balance.py)
+    spread = mlp_run(results_dir, "per-client", *extra, "engine.clients_per_host=1", "engine.num_cpus_per_host=0.25",
+                     "engine.balance=off")
     assert hosts_used(packed) == 1
     assert (spread.clients["host"] == spread.clients["client"]).all()  # actor i hosts client i
     assert packed.clients["truncated"].any()  # the deadline bit: partial work is placement-independent too

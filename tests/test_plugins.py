@@ -252,7 +252,7 @@ def test_the_package_installed_with_entry_points(package: Path, tmp_path: Path) 
     assert "fednova" in listed and "entry point of myfl" in listed
     job = elsewhere / "job.yaml"
     job.write_text((package / "job.yaml").read_text()
-                   .replace('"myfl.fednova:fednova"', "fednova").replace('"myfl.cnn:femnist_cnn"', "femnist_cnn")
+                   .replace('"myfl.fednova:fednova"', "fednova").replace('"myfl.cnn:lenet"', "lenet")
                    .replace("path: femnist.parquet", f"path: {package / 'femnist.parquet'}"))
     run_ok("run", "job.yaml", "--quiet", *sets("run.rounds=2", f"output.dir={tmp_path / 'results'}", "run.run_id=ep"),
            cwd=elsewhere, env=env)
@@ -349,11 +349,11 @@ MISTAKES = {
     "path-does-not-import": ({}, ["algorithm.name=nopkg.mod:thing"], ("algorithm.name", "nopkg.mod:thing", "No module named")),
     "path-without-attr": ({}, ["model.name='myfl.cnn:'"], ("model.name", "not an import path")),
     "attr-missing": ({}, ["model.name=myfl.cnn:nothing"], ("model.name", "has no attribute 'nothing'")),
-    "a-model-as-algorithm": ({}, ["algorithm.name=myfl.cnn:femnist_cnn"], ("algorithm.name", "registered as a model")),
+    "a-model-as-algorithm": ({}, ["algorithm.name=myfl.cnn:lenet"], ("algorithm.name", "registered as a model")),
     "a-config-class-as-algorithm": ({}, ["algorithm.name=myfl.fednova:FedNovaConfig"], ("algorithm.name", "is a class")),
     "not-callable": ({"data": {"dataset": "badmod:NOT_CALLABLE"}}, [], ("data.dataset", "int is not callable")),
     "model-factory-raises": ({"data": {"dataset": "synthetic", "features": 12}, "partition": {"method": "natural", "num_clients": 10}},
-                             [], ("model.name", "myfl.cnn:femnist_cnn", "inputs (12,)", "ValueError")),
+                             [], ("model.name", "myfl.cnn:lenet", "inputs (12,)", "ValueError")),
     "model-with-buffers": ({"model": {"name": "badmod:with_buffers"}}, [], ("model.name", "has buffers", "running_mean")),
     "parquet-without-label": ({}, ["data.path=nolabel.parquet"], ("data.dataset", "myfl.femnist:femnist", "label")),
     "dataset-with-one-class": ({"data": {"dataset": "badmod:one_class"}, "partition": {"method": "iid", "num_clients": 2}},

@@ -139,7 +139,7 @@ def test_a_users_batched_twin_runs_under_vectorize_and_matches_the_loop(tmp_path
     data = load_entry(section_config("data", dataset="myfl.femnist:femnist", path=str(package / "femnist.parquet")), 0, None)
     arrays = {"train_x": data.x, "train_y": data.y}
     clients = {k: np.flatnonzero(data.groups == k)[: 10 + 3 * k] for k in range(4)}  # unequal sizes, unequal steps
-    model = {"name": "myfl.cnn:femnist_cnn", "conv1": 2, "conv2": 3, "hidden": 8}
+    model = {"name": "myfl.cnn:lenet", "conv1": 2, "conv2": 3, "hidden": 8}
     twin = batched_version(fednova.local_training)
     calls = []
     monkeypatch.setattr(fednova.local_training, "__rayfl_batched__", lambda ctxs, kw: calls.append(len(ctxs)) or twin(ctxs, kw))

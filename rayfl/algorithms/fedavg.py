@@ -24,6 +24,7 @@ from rayfl.algorithms.server_client import ServerClient
 from rayfl.algorithms.server_opt import AdamMoments, ServerOptimizerConfig, server_step
 from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
 from rayfl.engine import ClientContext, ClientResult, Federation
+from rayfl.engine.balance import stateless
 from rayfl.engine.vectorized import batched, per_client, stack_vectors
 from rayfl.zo.schedules import StepsSchedule, check_budget_fields, local_steps
 
@@ -113,6 +114,7 @@ class ScaffoldState:
 # ---------------------------------------------------------------- client functions
 
 
+@stateless
 def fedavg_client(
     ctx: ClientContext,
     params: np.ndarray,

@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.func import functional_call, grad_and_value, vmap
 
 from rayfl.algorithms.kernels import CrossEntropyGrad, linear_shape
+from rayfl.algorithms.vmapped import batching_pays, masked_grad
 from rayfl.engine.context import ClientContext
-from rayfl.engine.vectorized import maskable, planned_batches, stack_batches
-from rayfl.models.params import bound_to, can_bind, functional_logits, unflatten
+from rayfl.engine.vectorized import current_mode, planned_batches, stack_batches
+from rayfl.models.params import bound_to, can_bind, functional_logits
 from rayfl.zo.lower_level import epoch_indices, minibatch_indices
 from rayfl.zo.schedules import step_size
 
@@ -167,12 +167,16 @@ def local_sgd_batched(
     """`local_sgd` for K clients at once (rayfl.engine.vectorized): row k of `starts` [K, d]
     follows exactly client k's loop, on its own minibatches and step count, with its own lr,
     weight decay, proximal pull towards `prox_centers[k]` and `corrections[k]`. Returns
-    (K final vectors, mean minibatch loss per client), or None where the model does not
-    allow padding (batch statistics); the caller then runs the loop. The K final vectors are
+    (K final vectors, mean minibatch loss per client), or None where batching would not pay
+    under `engine.vectorize: auto` (`rayfl.algorithms.vmapped.batching_pays`) or the clients
+    hold different modules; the caller then runs the loop. The K final vectors are
     rows of per-chunk buffers, the caller's to change in place; with `minus_start` they are
     the updates final - start instead (FedAvg's deltas, written in the same pass)."""
     model = ctxs[0].model
-    if not maskable(model) or any(c.model is not model for c in ctxs):
+    if any(c.model is not model for c in ctxs):
+        return None
+    fused = BatchedMLPGrad.of(model)
+    if current_mode() == "auto" and not batching_pays(model, starts.device, fused is not None):
         return None
     plans = [planned_batches(c, s.batch_size, s.epochs, s.steps) for c, s in zip(ctxs, schedules, strict=True)]
     k = len(ctxs)
@@ -181,20 +185,23 @@ def local_sgd_batched(
     starts = starts.detach()
     row_bytes = starts.shape[1] * starts.element_size()
     fixed = fixed_chunk(row_bytes, starts.device)
-    if fixed and k % fixed:  # on a GPU every chunk has the same K: idle clients fill the last
-        pad = fixed - k % fixed
+    # vmap runs a batch of one client as plain convolutions, not grouped ones, with other bits:
+    # the generic step never runs a client alone (an idle client keeps it company)
+    least = 1 if fused is not None else 2
+    pad = -k % fixed if fixed else max(0, least - k)
+    if pad:  # on a GPU every chunk has the same K: idle clients fill the last
         ctxs, lrs, schedules = ([*v, *[v[0]] * pad] for v in (ctxs, lrs, schedules))
         plans = [*plans, *([] for _ in range(pad))]  # no minibatches: an idle client never moves
         weight_decay, prox_mu = (None if v is None else [*v, *[0.0] * pad] for v in (weight_decay, prox_mu))
         starts = _pad_rows(starts, pad)
         prox_centers = starts if to_start else None if prox_centers is None else _pad_rows(prox_centers, pad)
         corrections = None if corrections is None else _pad_rows(corrections, pad)
-    grad_fn = BatchedMLPGrad.of(model) or _masked_grad(model)
+    grad_fn = fused or masked_grad(model)
     width = max(s.batch_size for s in schedules)
     loss_sum = torch.zeros(len(ctxs), dtype=torch.float64, device=starts.device)
     rows: list[torch.Tensor] = []
     scratch = None  # one chunk's per-layer working copies, reused by the next chunk
-    for part in chunk_slices(len(ctxs), row_bytes, fixed):
+    for part in chunk_slices(len(ctxs), row_bytes, fixed, least):
         # one output buffer per chunk, not one [K, d]: a chunk's few MB come back from the
         # allocator's free lists round after round, where K rows (tens of MB) would be a fresh
         # mapping each call and page-fault on every first write
@@ -202,8 +209,8 @@ def local_sgd_batched(
         if any(plans[part]):
             centers = "start" if to_start else None if prox_centers is None else prox_centers[part]
             scratch = _sgd_chunk(grad_fn, ctxs[part], plans[part], starts[part], w, loss_sum[part], lrs[part],
-                                 schedules[part], width, _column(weight_decay, part, w.device),
-                                 _column(prox_mu, part, w.device), centers,
+                                 schedules[part], width, _column(weight_decay, part, w),
+                                 _column(prox_mu, part, w), centers,
                                  None if corrections is None else corrections[part], scratch, minus_start,
                                  whole_windows=fixed > 0)
         elif minus_start:
@@ -247,14 +254,15 @@ def _pad_rows(t: torch.Tensor, pad: int) -> torch.Tensor:
     return torch.cat([t, t[:1].expand(pad, -1)])
 
 
-def chunk_slices(k: int, row_bytes: int, fixed: int = 0) -> list[slice]:
+def chunk_slices(k: int, row_bytes: int, fixed: int = 0, least: int = 1) -> list[slice]:
     """K clients in near-equal chunks of at most CHUNK_BYTES of parameters each (50 MLPs: 13,
-    13, 12, 12, not 16, 16, 16, 2: a chunk of two costs a step's fixed overhead for little);
-    with `fixed` (a GPU: K is then a multiple of it), chunks of exactly `fixed` clients."""
+    13, 12, 12, not 16, 16, 16, 2: a chunk of two costs a step's fixed overhead for little),
+    and at least `least` each (K >= least); with `fixed` (a GPU: K is then a multiple of it),
+    chunks of exactly `fixed` clients."""
     if fixed:
         return [slice(a, a + fixed) for a in range(0, k, fixed)]
-    most = max(1, CHUNK_BYTES // max(1, row_bytes))
-    n = -(-k // most)
+    most = max(least, CHUNK_BYTES // max(1, row_bytes))
+    n = min(-(-k // most), k // least)
     if n == 0:
         return []
     size, extra = divmod(k, n)
@@ -394,12 +402,13 @@ class Affine:
             p.add_(self.start[i][part] * (self.anchor * step).view(shape))
 
 
-def _column(values: Sequence[float] | None, rows: slice, device: torch.device) -> torch.Tensor | None:
-    """[K, 1] per-client coefficients of `rows`, or None when all are 0 (the term is skipped,
-    as the loop skips it)."""
+def _column(values: Sequence[float] | None, rows: slice, like: torch.Tensor) -> torch.Tensor | None:
+    """[K, 1] per-client coefficients of `rows` in the parameters' dtype and device (`like`;
+    float32 coefficients would round a float64 model's decay and mu), or None when all are 0
+    (the term is skipped, as the loop skips it)."""
     if values is None or not any(values[rows]):
         return None
-    return torch.tensor([float(v) for v in values[rows]], dtype=torch.float32, device=device)[:, None]
+    return torch.tensor([float(v) for v in values[rows]], dtype=like.dtype, device=like.device)[:, None]
 
 
 class BatchedMLPGrad:
@@ -653,21 +662,3 @@ def _write(dst: torch.Tensor, src: torch.Tensor, minus: torch.Tensor | None) -> 
         dst.copy_(src)
     else:
         torch.sub(src, minus, out=dst)
-
-
-def _masked_grad(model: torch.nn.Module):
-    """vmap over clients of (grad, loss) of the masked mean CE: padded rows weigh 0 and the
-    mean is over the client's real rows, as `F.cross_entropy` over its unpadded batch."""
-
-    def loss_fn(vec: torch.Tensor, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-        logits = functional_call(model, unflatten(model, vec), (x,))
-        ce = F.cross_entropy(logits, y, reduction="none")
-        return (ce * m).sum() / m.sum().clamp_min(1.0)
-
-    batched = vmap(grad_and_value(loss_fn))
-
-    def whole(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor) -> tuple[list[tuple[int, torch.Tensor]], torch.Tensor]:
-        grad, loss = batched(w, x, y, m)
-        return [(0, grad)], loss
-
-    return whole

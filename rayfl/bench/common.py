@@ -25,6 +25,7 @@ class PeakMemory:
         self.proc = psutil.Process()
         self.interval = interval
         self.peak = 0
+        self.per_process: dict[int, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -34,8 +35,15 @@ class PeakMemory:
         total = 0
         for p in [self.proc, *self.proc.children(recursive=True)]:
             with contextlib.suppress(psutil.Error):  # a process may end between listing and reading
-                total += p.memory_info().rss
+                rss = p.memory_info().rss
+                total += rss
+                self.per_process[p.pid] = max(self.per_process.get(p.pid, 0), rss)
         return total
+
+    @property
+    def peak_process_mb(self) -> float:
+        """The largest peak RSS of any one process (the driver, a host, Ray's own)."""
+        return round(max(self.per_process.values(), default=0) / 2**20, 1)
 
     def _loop(self) -> None:
         while not self._stop.is_set():

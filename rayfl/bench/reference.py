@@ -21,7 +21,7 @@ from rayfl.config import Config
 from rayfl.data import FederatedDataset
 from rayfl.engine.federation import initial_model_params
 from rayfl.models import build_model
-from rayfl.models.params import get_flat, set_flat
+from rayfl.models.params import set_flat
 from rayfl.rng import numpy_rng
 from rayfl.zo.lower_level import epoch_indices
 
@@ -47,6 +47,7 @@ def sample_clients(seed: int, round: int, sizes: np.ndarray, k: int) -> list[int
 
 def run_reference_loop(
     cfg: Config, dataset: FederatedDataset, rounds: int, threads: int | None = 1, device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
 ) -> LoopResult:
     """FedAvg (server_lr 1, sample weights; FedProx: each client's gradient plus
     mu * (w - w_global)) for `rounds` rounds, one client after another,
@@ -55,12 +56,15 @@ def run_reference_loop(
     torch's spinning OpenMP workers make a multi-threaded loop of tiny steps far slower.
 
     On `device` "cuda" the loop is what a researcher with a GPU writes: the training data and
-    the model on the GPU once, each client's minibatch indices moved there once per client."""
+    the model on the GPU once, each client's minibatch indices moved there once per client.
+
+    `dtype` float64 runs the same loop in double precision: how far the float32 loop ends from
+    it is the size of float32 rounding over the run, the scale rayfl's agreement is judged on."""
     if threads is not None:
         previous = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            return run_reference_loop(cfg, dataset, rounds, None, device)
+            return run_reference_loop(cfg, dataset, rounds, None, device, dtype)
         finally:
             torch.set_num_threads(previous)
     alg = cfg.algorithm
@@ -70,12 +74,17 @@ def run_reference_loop(
     seed = cfg.run.seed
     sizes = np.array([len(ix) for ix in dataset.client_train], dtype=np.int64)
     dev = torch.device(device)
-    model = build_model(cfg.model, dataset.input_shape, dataset.num_classes).to(dev)
+    model = build_model(cfg.model, dataset.input_shape, dataset.num_classes).to(dev, dtype)
     opt = torch.optim.SGD(model.parameters(), lr=alg.lr)
-    x = torch.from_numpy(initial_params(cfg, dataset)).to(dev)
+    x = torch.from_numpy(initial_params(cfg, dataset)).to(dev, dtype)
     on_gpu = dev.type != "cpu"
+
+    def samples(rows: np.ndarray) -> torch.Tensor:  # float features in the loop's precision, tokens as they are
+        t = torch.from_numpy(rows)
+        return t.to(dtype) if t.is_floating_point() else t
+
     if on_gpu:
-        train_x, train_y = torch.from_numpy(dataset.train_x).to(dev), torch.from_numpy(dataset.train_y).to(dev)
+        train_x, train_y = samples(dataset.train_x).to(dev), torch.from_numpy(dataset.train_y).to(dev)
     seconds, sampled = [], {}
     for r in range(rounds):
         t0 = time.perf_counter()
@@ -88,7 +97,7 @@ def run_reference_loop(
                 on_device = torch.as_tensor(np.asarray(rows), device=dev)
                 cx, cy = train_x[on_device], train_y[on_device]
             else:  # numpy's gather: on the CPU 1-4% faster per round than torch's here
-                cx, cy = torch.from_numpy(dataset.train_x[rows]), torch.from_numpy(dataset.train_y[rows])
+                cx, cy = samples(dataset.train_x[rows]), torch.from_numpy(dataset.train_y[rows])
             set_flat(model, x)
             center = [p.detach().clone() for p in model.parameters()] if mu else []
             batches = epoch_indices(numpy_rng(seed, "batches", r, c), len(rows), alg.batch_size, alg.local_epochs)
@@ -101,10 +110,10 @@ def run_reference_loop(
                     for p, p0 in zip(model.parameters(), center, strict=True):
                         p.grad.add_(p.detach() - p0, alpha=mu)
                 opt.step()
-            acc += w * (get_flat(model) - x).double()
-        x = (x.double() + acc).float()
+            acc += w * (torch.cat([p.detach().reshape(-1) for p in model.parameters()]) - x).double()
+        x = (x.double() + acc).to(dtype)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)  # the round's kernels finished, not only queued
         seconds.append(time.perf_counter() - t0)
         sampled[r] = ids
-    return LoopResult(x.cpu().numpy(), seconds, sampled)
+    return LoopResult(x.cpu().numpy().astype(np.float32) if dtype == torch.float32 else x.cpu().numpy(), seconds, sampled)

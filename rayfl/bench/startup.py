@@ -53,11 +53,9 @@ PHASES = {
 
 def workload_command(workload: str, rounds: int, out_dir: Path, run_id: str, extra: list[str]) -> list[str]:
     """The `rayfl run` command line of the workload, as a user would type it."""
-    from rayfl.bench.fedavg import COMMON, WORKLOADS
+    from rayfl.bench.workloads import workload as spec
 
-    if workload not in WORKLOADS:
-        raise ValueError(f"unknown workload {workload!r}; choose one of {sorted(WORKLOADS)}")
-    sets = [*COMMON, *WORKLOADS[workload], f"run.rounds={rounds}", f"run.eval_every={rounds}",
+    sets = [*spec(workload).overrides, "output.log_clients=true", f"run.rounds={rounds}", f"run.eval_every={rounds}",
             f"output.dir={out_dir}", "run.experiment=bench_startup", f"run.run_id={run_id}", *extra]
     exe = Path(sys.executable).with_name("rayfl")
     head = [str(exe)] if exe.is_file() else [sys.executable, "-m", "rayfl.cli"]

@@ -4,6 +4,7 @@ from rayfl.registry import DATASETS
 
 for name, where, config, summary in [
     ("synthetic", "synthetic:load_synthetic", "synthetic:SyntheticConfig", "LEAF / FedProx Synthetic(alpha, beta), generated per device"),
+    ("lookalike", "lookalike:load_lookalike", "lookalike:LookalikeConfig", "Offline data shaped like FEMNIST, CIFAR-10 or Shakespeare (benchmarks)"),
     ("digits", "datasets:load_digits", None, "scikit-learn's 1,797 8x8 UCI digits (bundled, no download)"),
     ("mnist", "datasets:load_idx_images", "datasets:OfficialConfig", "MNIST (IDX files in data_dir/mnist)"),
     ("fashion_mnist", "datasets:load_idx_images", "datasets:OfficialConfig", "Fashion-MNIST (IDX files in data_dir/fashion_mnist)"),

@@ -12,6 +12,7 @@ shares one W, b ~ N(0, 1) and x ~ N(0, diag(j^-1.2)).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -84,7 +85,6 @@ def load_synthetic(cfg: SyntheticConfig, seed: int, num_clients: int | None = No
     """`num_clients` devices as a train / test pool whose rows know their device (`groups`):
     kept as the clients with `natural`, pooled and split by any other partitioner. A lazy
     population is a LazyFederatedDataset (rows made on the hosts)."""
-    from rayfl.data.datasets import ArrayDataset
 
     if num_clients is None:
         raise ConfigError("partition.num_clients", "Synthetic(alpha, beta) needs a number of clients to generate")
@@ -93,14 +93,24 @@ def load_synthetic(cfg: SyntheticConfig, seed: int, num_clients: int | None = No
 
         return LazyFederatedDataset(cfg, num_clients, seed)
     gen = generate_synthetic(cfg, num_clients, seed)
-    n_train, _ = split_clients(gen.sizes, cfg.test_fraction)
-    # Row r of client k is a test row when it is among the client's last n_test[k] rows.
-    owner = np.repeat(np.arange(len(gen.sizes)), gen.sizes)
-    is_test = (np.arange(len(gen.y)) - gen.offsets[owner]) >= n_train[owner]
-    name = f"synthetic({cfg.alpha:g},{cfg.beta:g})"
+    return clients_as_pool(gen.x, gen.y, gen.sizes, cfg.test_fraction, cfg.classes, f"synthetic({cfg.alpha:g},{cfg.beta:g})")
+
+
+def clients_as_pool(x: np.ndarray, y: np.ndarray, sizes: np.ndarray, test_fraction: float, classes: int,
+                    name: str) -> tuple[Any, Any]:
+    """Generated clients' rows (contiguous per client, `sizes` each) as (train, test) pools
+    whose rows know their client: the last `split_clients` rows of each client are its test
+    rows."""
+    from rayfl.data.datasets import ArrayDataset
+
+    n_train, _ = split_clients(sizes, test_fraction)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    owner = np.repeat(np.arange(len(sizes)), sizes)
+    is_test = (np.arange(len(y)) - offsets[owner]) >= n_train[owner]
+    clients = len(sizes)
     return (
-        ArrayDataset(gen.x[~is_test], gen.y[~is_test], cfg.classes, name, groups=owner[~is_test], num_groups=num_clients),
-        ArrayDataset(gen.x[is_test], gen.y[is_test], cfg.classes, name, groups=owner[is_test], num_groups=num_clients),
+        ArrayDataset(x[~is_test], y[~is_test], classes, name, groups=owner[~is_test], num_groups=clients),
+        ArrayDataset(x[is_test], y[is_test], classes, name, groups=owner[is_test], num_groups=clients),
     )
 
 

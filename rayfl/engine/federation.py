@@ -29,6 +29,7 @@ from rayfl.config import Config, ConfigError
 from rayfl.data import FederatedDataset
 from rayfl.data.rows import is_file_rows, server_rows
 from rayfl.engine.asyncpool import AsyncPool, TaskInput, host_lost
+from rayfl.engine.balance import balanced_assignment, expected_rows, is_stateless
 from rayfl.engine.checkpoint import CHECKPOINT_FILE, Checkpoint, load_checkpoint, save_checkpoint
 from rayfl.engine.clock import SimClock
 from rayfl.engine.exact_sum import KeptValue, common_exponent, fixed_point_sum, max_abs, to_float
@@ -347,6 +348,24 @@ class Federation:
             groups.setdefault(self.host_of(c), []).append(int(c))
         return groups
 
+    def assign(self, ids: list[int], fn: ClientFn, keep: tuple[str, ...], payload: Mapping[str, Any],
+               per_client: Mapping[int, Mapping[str, Any]] | None) -> dict[int, list[int]]:
+        """Which host runs each client of a call: the one that holds it, or under
+        `engine.balance: auto` for a stateless client function (rayfl.engine.balance) the
+        hosts' work evened out. Not for outputs kept on the hosts (a lost host re-runs its own
+        clients' kept tasks), nor for data the hosts make or read themselves (lazy, FileRows)."""
+        if (self.cfg.engine.balance != "auto" or len(self.hosts) < 2 or keep or not is_stateless(fn)
+                or getattr(self.dataset, "source", None) is not None or is_file_rows(self.dataset.train_x)):
+            return self.by_host(ids)
+        sizes = self.client_sizes
+        work = [expected_rows(int(sizes[c]), {**payload, **(per_client.get(c, {}) if per_client else {})}) for c in ids]
+        return balanced_assignment(ids, work, len(self.hosts))
+
+    def _rows_of(self, client: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """A client's train and test row indices, for a host that does not hold it."""
+        ds = self.dataset
+        return np.asarray(ds.client_train[client]), None if ds.client_test is None else np.asarray(ds.client_test[client])
+
     def online_clients(self) -> np.ndarray:
         """Clients online now (an error if nobody is: the availability model is then broken)."""
         online = np.flatnonzero(self.system.availability.online_mask(self.now, self.num_clients)).astype(np.int64)
@@ -458,7 +477,8 @@ class Federation:
             for c in ids:
                 down = base + (payload_nbytes(per_client.get(c)) if per_client else 0)
                 budgets[c] = self.system.compute_budget(c, sys_cfg.deadline, down, down)
-        by_host = self.by_host(ids)
+        by_host = self.assign(ids, fn, keep, payload, per_client)
+        foreign = {h: {c: self._rows_of(c) for c in hids if self.host_of(c) != h} for h, hids in by_host.items()}
         payload_ref = ray.put(payload)  # shipped once; hosts read it zero-copy
         tasks = self.new_task_ids(ids)
         for c in ids:
@@ -470,7 +490,8 @@ class Federation:
             sub = {c: per_client[c] for c in hids if c in per_client} if per_client else None
             bud = {c: budgets[c] for c in hids} if budgets is not None else None
             mine = {c: tasks[c] for c in hids}
-            return self.hosts[h].run.remote(fn, hids, round, payload_ref, sub, bud, mine, self.take_decisions(h), keep)
+            return self.hosts[h].run.remote(fn, hids, round, payload_ref, sub, bud, mine, self.take_decisions(h), keep,
+                                            foreign[h] or None)
 
         batches, rerun = self.on_hosts(launch, list(by_host), launched=lambda: self.count_dispatch(len(ids)))
         records = sorted((rec for batch in batches for rec in batch), key=lambda r: r["client"])

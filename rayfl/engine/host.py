@@ -30,7 +30,7 @@ from rayfl.data.rows import host_rows, is_file_rows
 from rayfl.engine.context import ClientContext
 from rayfl.engine.exact_sum import KeptValue, fixed_point_sum
 from rayfl.engine.payload import payload_nbytes, to_numpy_tree
-from rayfl.engine.vectorized import BatchedFn, use_batched
+from rayfl.engine.vectorized import BatchedFn, use_batched, vectorize_mode
 from rayfl.models import build_model
 from rayfl.registry import Plugins
 
@@ -93,6 +93,7 @@ class ClientHostImpl:
         self.states: dict[int, dict[str, Any]] = ClientStates()  # {} until a client first runs
         self.staged: dict[int, tuple[int, dict[str, Any]]] = {}  # task id -> (client, new state)
         self.kept: dict[int, dict[str, np.ndarray]] = {}  # task id -> outputs kept for `reduce`
+        self.foreign: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}  # other hosts' clients, this call only
 
     def client_ids(self) -> list[int]:
         return sorted(self.client_train)
@@ -108,11 +109,16 @@ class ClientHostImpl:
         task_ids: Mapping[int, int] | None = None,
         settle: Mapping[int, bool] | None = None,
         keep: tuple[str, ...] = (),
+        foreign: Mapping[int, tuple[np.ndarray, np.ndarray | None]] | None = None,
     ) -> list[dict[str, Any]]:
         """Run `fn` for each client in `client_ids` (one after another, in id order, or as one
         batch through its registered twin under `engine.vectorize`) and return
         one record per client: the function's output plus the work it did and bytes it sends.
         `budgets` caps a client's FLOPs (a deadline with partial work).
+
+        `foreign` (client -> train and test row indices) are clients another host holds, run
+        here for this call only to balance the hosts (rayfl.engine.balance): `fn` must be
+        stateless, and a task that changes such a client's state fails.
 
         With `task_ids` (client -> task id) each client's new state is staged until the driver
         settles that task; without, it is committed at once (in-process use and unit tests).
@@ -124,8 +130,22 @@ class ClientHostImpl:
             self.settle(settle)
         self.kept.clear()
         order = sorted(client_ids)
+        self.foreign = dict(foreign or {})
+        try:
+            return self._run(fn, order, round, broadcast, per_client, budgets, task_ids, keep)
+        finally:
+            for cid in self.foreign:  # a visiting client leaves nothing behind
+                if not self.states.get(cid):
+                    self.states.pop(cid, None)
+            self.foreign = {}
+
+    def _run(
+        self, fn: ClientFn, order: list[int], round: int, broadcast: Mapping[str, Any],
+        per_client: Mapping[int, Mapping[str, Any]] | None, budgets: Mapping[int, float] | None,
+        task_ids: Mapping[int, int] | None, keep: tuple[str, ...],
+    ) -> list[dict[str, Any]]:
         for cid in order:
-            if cid not in self.client_train:
+            if cid not in self.client_train and cid not in self.foreign:
                 raise KeyError(f"host {self.host_id} does not host client {cid}")
         twin = use_batched(self.vectorize, fn, len(order))
         records = None
@@ -137,6 +157,10 @@ class ClientHostImpl:
                 state, ctx, extra = self._prepare(cid, round, per_client, budgets)
                 out = fn(ctx, **broadcast, **extra)
                 records.append(self._record(fn, cid, ctx, state, out, broadcast, extra, task_ids))
+        for rec in records:
+            if rec["client"] in self.foreign and rec["state_changed"]:
+                raise RuntimeError(f"client function {getattr(fn, '__name__', fn)} is marked stateless "
+                                   f"(rayfl.stateless) but changed client {rec['client']}'s state")
         if keep:
             self._keep(records, keep, task_ids)
         return records
@@ -185,7 +209,8 @@ class ClientHostImpl:
         """All of `order`'s tasks through the algorithm's batched twin (rayfl.engine.vectorized);
         None when the twin declines this batch (the caller then loops, on fresh contexts)."""
         prepared = [self._prepare(cid, round, per_client, budgets) for cid in order]
-        outs = twin([ctx for _, ctx, _ in prepared], [{**broadcast, **extra} for _, _, extra in prepared])
+        with vectorize_mode(self.vectorize):
+            outs = twin([ctx for _, ctx, _ in prepared], [{**broadcast, **extra} for _, _, extra in prepared])
         if outs is None:
             return None
         if len(outs) != len(order):
@@ -242,10 +267,10 @@ class ClientHostImpl:
         if self.source is not None:  # lazy: the client's rows, made now from its own stream
             rows = self.source.client_arrays(cid)
         else:
-            idx = self.client_train[cid]
+            idx, tidx = self.foreign[cid] if cid in self.foreign else (
+                self.client_train[cid], None if self.client_test is None else self.client_test[cid])
             rows = (self.arrays["train_x"][idx], self.arrays["train_y"][idx], None, None)
-            if self.client_test is not None:
-                tidx = self.client_test[cid]
+            if tidx is not None:
                 rows = (*rows[:2], self.arrays["test_x"][tidx], self.arrays["test_y"][tidx])
         x, y, test_x, test_y = (None if a is None else torch.from_numpy(a).to(self.device) for a in rows)
         ctx = ClientContext(

@@ -13,10 +13,12 @@ An algorithm opts in by registering a batched twin of its client function:
 The twin receives every client's `ClientContext` (data, state, RNG streams, work meter) and its
 full keyword arguments (broadcast merged with the per-client payload) and returns one output per
 client, exactly what the loop function would have returned, to float32 reduction-order
-tolerance. It returns None when this batch does not allow it (a model with batch statistics,
-mixed schedules it cannot pad); the host then runs the plain loop. `engine.vectorize` switches
-it: `off` always loops, `auto` vectorises where a twin exists and the host has >= 2 clients in
-the call, `on` also for a single client (what tests use to compare one client both ways).
+tolerance. It returns None when this batch does not allow it or would not gain from it; the
+host then runs the plain loop. `engine.vectorize` switches it: `off` always loops, `auto`
+(the default) calls the twin and its kernels decline where batching is known to lose
+(`current_mode`; rayfl's own: `rayfl.algorithms.vmapped.batching_pays`, by model and device
+alone, so a client takes the same path whichever clients share its host), `on` batches
+wherever the twin can.
 
 Equal-length minibatch streams: each client's minibatches are drawn from its own seeded stream
 (the same indices, in the same order, as the loop) and charged to its own work meter before any
@@ -29,13 +31,14 @@ share its host, so 1 and 2 hosts agree."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from rayfl.engine.context import ClientContext
 from rayfl.zo.lower_level import epoch_indices, minibatch_indices
@@ -63,19 +66,33 @@ def batched_version(fn: Callable[..., Any]) -> BatchedFn | None:
 
 
 def use_batched(mode: str, fn: Callable[..., Any], num_clients: int) -> BatchedFn | None:
-    """The twin to run for `num_clients` clients of one host call under `engine.vectorize`."""
-    if mode == "off":
+    """The twin to run for `num_clients` clients of one host call under `engine.vectorize`:
+    under `auto` as under `on`, however few the clients, so that which path a client takes
+    never depends on how many clients share its host (batched and loop bits differ in the
+    last place); under `auto` the twin's kernels then decline where batching would lose."""
+    if mode == "off" or num_clients < 1:
         return None
-    twin = batched_version(fn)
-    if twin is None or num_clients < (1 if mode == "on" else 2):
-        return None
-    return twin
+    return batched_version(fn)
 
 
-def maskable(model: nn.Module) -> bool:
-    """Whether padded rows cannot change real rows' outputs: no batch statistics (BatchNorm
-    normalises over the minibatch, so zero padding would shift it)."""
-    return not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+_mode = threading.local()
+
+
+@contextlib.contextmanager
+def vectorize_mode(mode: str) -> Iterator[None]:
+    """Run a batched twin under `engine.vectorize` `mode`, which `current_mode` tells the
+    kernels it calls (`local_sgd_batched` declines under `auto` where it would lose)."""
+    previous = getattr(_mode, "value", "on")
+    _mode.value = mode
+    try:
+        yield
+    finally:
+        _mode.value = previous
+
+
+def current_mode() -> str:
+    """The `engine.vectorize` mode the running twin was chosen under ("on" outside a host)."""
+    return getattr(_mode, "value", "on")
 
 
 def planned_batches(ctx: ClientContext, batch_size: int, epochs: int | None, steps: int | None) -> list[torch.Tensor]:
@@ -185,7 +202,8 @@ def stack_batches(ctxs: Sequence[ClientContext], plans: Sequence[list[torch.Tens
     width = max([width, *(len(i) for p in plans for i in p)])
     ref = ctxs[0]
     idx = torch.zeros((t_max, k, width), dtype=torch.int64)
-    mask = torch.zeros((t_max, k, width), dtype=ref.x.dtype)
+    # the mask weighs losses: the inputs' float type, float32 for token ids
+    mask = torch.zeros((t_max, k, width), dtype=ref.x.dtype if ref.x.is_floating_point() else torch.float32)
     n_max = max(1, max(c.num_samples for c in ctxs))
     data_x = torch.zeros((k, n_max, *ref.x.shape[1:]), dtype=ref.x.dtype, device=ref.x.device)
     data_y = torch.zeros((k, n_max), dtype=ref.y.dtype, device=ref.y.device)
@@ -202,7 +220,7 @@ def stack_batches(ctxs: Sequence[ClientContext], plans: Sequence[list[torch.Tens
         for t, rows in enumerate(plan):
             idx[t, j, : len(rows)] = rows
             mask[t, j, : len(rows)] = 1
-    active = (mask.sum(dim=2) > 0).to(ref.x.dtype)
+    active = (mask.sum(dim=2) > 0).to(mask.dtype)
     idx, mask, active = idx.to(ref.x.device), mask.to(ref.x.device), active.to(ref.x.device)
     return StackedBatches(data_x, data_y, idx, mask, active)
 

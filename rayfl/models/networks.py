@@ -264,6 +264,9 @@ def init_params(model: nn.Module, generator: torch.Generator) -> nn.Module:
                 module.bias.zero_()
         elif isinstance(module, nn.Embedding):
             module.weight.copy_(torch.empty(module.weight.shape).normal_(generator=generator))
+        elif isinstance(module, nn.LSTM):  # every weight and bias ~ U(-1/sqrt(hidden), 1/sqrt(hidden))
+            for param in module.parameters():
+                _uniform_(param, 1.0 / math.sqrt(module.hidden_size), generator)
         elif isinstance(module, (nn.Linear, nn.Conv2d)):
             fan_in = module.weight[0].numel()
             bound = 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0

@@ -1,0 +1,139 @@
+"""Offline stand-ins for the FL literature's benchmark data, in their real shapes and sizes:
+LEAF's FEMNIST (28x28 grayscale, 62 classes, one client per writer), CIFAR-10 (32x32 RGB,
+10 classes) and LEAF's Shakespeare (80-character sequences, next-character labels over 80
+symbols). What a benchmark of the networks these papers train needs is the arithmetic of
+their shapes, not the pictures: these are generated from the seed, without a download, so
+`rayfl bench femnist-cnn` runs on a machine with no network.
+
+Images are class prototypes (a coarse random pattern per class, upsampled) plus per-sample
+noise, so a convnet learns them; text follows one shared bigram chain with a per-client start
+distribution, and the label is the chain's next character. Client k's samples come from its
+own stream, so they do not depend on how many clients are generated. With
+`partition.method: natural` each generated client is one federated client (a writer, a
+role); any other partitioner pools them and splits the pool (CIFAR-10 with Dirichlet)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from rayfl.config import ConfigError, DataConfig, PartitionConfig
+from rayfl.rng import numpy_rng
+
+# per `like`: input shape, classes, and the client-size law (lognormal mu, sigma; min; max)
+SHAPES: dict[str, tuple[tuple[int, ...], int, tuple[float, float, int, int]]] = {
+    # FEMNIST's 3,550 writers hold about 226 samples each: mean exp(5.27 + 0.5^2 / 2) = 220
+    "femnist": ((1, 28, 28), 62, (5.27, 0.5, 10, 1000)),
+    # CIFAR-10's 50,000 training images as 100 equal shares before a Dirichlet split
+    "cifar10": ((3, 32, 32), 10, (0.0, 0.0, 500, 500)),
+    # LEAF's roles hold thousands of lines; about 100 each keeps a round of 10 clients to seconds
+    "shakespeare": ((80,), 80, (4.48, 0.5, 10, 500)),
+}
+
+
+@dataclass
+class LookalikeConfig(DataConfig):
+    """Data shaped like `like` (femnist, cifar10 or shakespeare), generated offline from the
+    seed: partition.num_clients clients of floor(lognormal(`size_mu`, `size_sigma`)) +
+    `min_client_samples` samples, at most `max_client_samples` (each None: `like`'s own law);
+    the last `test_fraction` of each client's samples are its test set."""
+
+    dataset: str = "lookalike"
+    like: Literal["femnist", "cifar10", "shakespeare"] = "femnist"
+    size_mu: float | None = None
+    size_sigma: float | None = None
+    min_client_samples: int | None = None
+    max_client_samples: int | None = None
+
+    def validate(self) -> None:
+        super().validate()
+        if self.like not in SHAPES:
+            raise ConfigError("data.like", f"must be one of {sorted(SHAPES)}, got {self.like!r}")
+        mu, sigma, low, high = self.size_law()
+        if sigma < 0:
+            raise ConfigError("data.size_sigma", f"must be >= 0, got {sigma}")
+        if low < 2:
+            raise ConfigError("data.min_client_samples", "each client needs >= 2 samples (one train, one test)")
+        if high < low:
+            raise ConfigError("data.max_client_samples", "must be >= data.min_client_samples")
+        if self.max_samples is not None:
+            raise ConfigError("data.max_samples", "lookalike data are sized per client: use data.max_client_samples")
+
+    def size_law(self) -> tuple[float, float, int, int]:
+        """(mu, sigma, min, max) of the client sizes: the keys set, else `like`'s defaults."""
+        default = SHAPES[self.like][2]
+        given = (self.size_mu, self.size_sigma, self.min_client_samples, self.max_client_samples)
+        mu, sigma, low, high = (d if g is None else g for g, d in zip(given, default, strict=True))
+        return float(mu), float(sigma), int(low), int(high)
+
+    def has_own_clients(self) -> bool:
+        return True
+
+    def planned_clients(self, partition: PartitionConfig) -> int | None:
+        return partition.num_clients
+
+    def generated_by_rayfl(self) -> bool:
+        return True
+
+
+def load_lookalike(cfg: LookalikeConfig, seed: int, num_clients: int | None = None):
+    """`num_clients` generated clients as a train / test pool whose rows know their client."""
+    from rayfl.data.synthetic import clients_as_pool
+
+    if num_clients is None:
+        raise ConfigError("partition.num_clients", "lookalike data need a number of clients to generate")
+    shape, classes, _ = SHAPES[cfg.like]
+    mu, sigma, low, high = cfg.size_law()
+    sizes = np.empty(num_clients, dtype=np.int64)
+    for k in range(num_clients):
+        raw = numpy_rng(seed, "lookalike.size", client=k).lognormal(mu, sigma)
+        sizes[k] = int(min(np.floor(raw) + low, high))
+    dtype = np.int64 if cfg.like == "shakespeare" else np.float32
+    x = np.empty((int(sizes.sum()), *shape), dtype=dtype)
+    y = np.empty(int(sizes.sum()), dtype=np.int64)
+    draw = _text if cfg.like == "shakespeare" else _images
+    shared = draw_shared(cfg.like, shape, classes, seed)
+    start = 0
+    for k, n in enumerate(sizes):
+        draw(numpy_rng(seed, "lookalike", client=k), shared, x[start:start + n], y[start:start + n])
+        start += n
+    return clients_as_pool(x, y, sizes, cfg.test_fraction, classes, f"lookalike({cfg.like})")
+
+
+def draw_shared(like: str, shape: tuple[int, ...], classes: int, seed: int) -> np.ndarray:
+    """What all clients share: image class prototypes [classes, *shape] (a 7x7 or 8x8 random
+    pattern per class and channel, upsampled by 4), or the text's bigram chain as cumulative
+    probabilities [80, 80]."""
+    rng = numpy_rng(seed, "lookalike.shared")
+    if like == "shakespeare":
+        probs = rng.dirichlet(np.full(classes, 0.3), size=classes)
+        return np.cumsum(probs, axis=1)
+    c, h, w = shape
+    coarse = rng.random((classes, c, h // 4, w // 4))
+    return coarse.repeat(4, axis=2).repeat(4, axis=3).astype(np.float32)
+
+
+def _images(rng: np.random.Generator, prototypes: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
+    """n images in [0, 1]: 0.6 * the class prototype + 0.4 * uniform noise, uniform classes."""
+    y[:] = rng.integers(0, len(prototypes), size=len(y))
+    rng.random(x.shape, dtype=np.float32, out=x)
+    x *= np.float32(0.4)
+    x += np.float32(0.6) * prototypes[y]
+
+
+def _text(rng: np.random.Generator, chain: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
+    """n sequences of the bigram chain from a client-specific start distribution, each
+    labelled with the chain's next character."""
+    n, length = x.shape
+    vocab = chain.shape[0]
+    start = np.cumsum(rng.dirichlet(np.full(vocab, 0.5)))
+    prev = np.minimum(np.searchsorted(start, rng.random(n)), vocab - 1)
+    for t in range(length + 1):
+        if t:
+            prev = np.minimum((rng.random(n)[:, None] > chain[prev]).sum(axis=1), vocab - 1)
+        if t < length:
+            x[:, t] = prev
+        else:
+            y[:] = prev
