@@ -38,6 +38,7 @@ examples:
   rayfl bench shakespeare-lstm                LEAF's character LSTM on Shakespeare-shaped sequences
   rayfl bench fedavg-mlp --device cuda --hosts 1,4,8   the same with the hosts sharing one GPU
   rayfl bench startup                         a 10-round fedavg-mlp run as a process: seconds outside its rounds
+  rayfl bench table bench/*.json              the Markdown table of workload results (docs/benchmarks.md)
 
 algorithms (algorithm.name; `rayfl validate --set algorithm.name=X` prints X's options):
   first order     fedavg fedprox scaffold fedasync fedbuff
@@ -188,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="time runs that join a head with warm pooled hosts (the bench starts and stops both)")
     st.add_argument("--hosts", type=int, default=2, help="pooled hosts with --warm (default 2)")
     st.add_argument("--out", default="bench/startup.json")
+    tab = bsub.add_parser("table", help="the Markdown table of workload results (docs/benchmarks.md)")
+    tab.add_argument("results", nargs="+", help="JSON files written by rayfl bench WORKLOAD")
     from rayfl.bench.workloads import WORKLOADS
 
     for workload, spec in WORKLOADS.items():
@@ -521,6 +524,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from rayfl.bench.zo import run_zo_bench
 
         result = run_zo_bench(args.rounds, Path(args.out), args.source, args.data_dir, args.vectorize)
+    elif args.bench == "table":
+        from rayfl.bench.table import markdown_table
+
+        print(markdown_table([Path(p) for p in args.results]), end="")
+        return 0
     elif args.bench == "async":
         from rayfl.bench.asynchronous import run_async_bench
 

@@ -317,8 +317,9 @@ class EngineConfig:
     balance: Literal["auto", "off"] = "auto"
     # Host pre-aggregation: outputs an algorithm only sums (FedAvg's and SCAFFOLD's deltas)
     # stay on the hosts, which send one exact partial sum each (rayfl.engine.exact_sum), not one
-    # vector per client. Same bits as `off`, for any number of hosts.
-    preaggregate: Literal["on", "off"] = "off"
+    # vector per client. Same bits as `off`, for any number of hosts; the driver no longer sums
+    # every client's delta alone (fedavg-mlp on 2 hosts: 0.077 s a round on, 0.105 off).
+    preaggregate: Literal["on", "off"] = "on"
     # Warm hosts (rayfl.engine.pool, `rayfl pool start` on a running head): `auto` leases the
     # joined Ray's idle pooled hosts instead of starting fresh ones (CPU hosts only; the same
     # results), `off` always starts fresh hosts.

@@ -130,3 +130,36 @@ def test_balancing_evens_out_the_hosts_work(runs):
 def test_stateful_clients_stay_at_home(runs):
     clients = runs["scaffold-auto"].clients
     assert clients.groupby("client")["host"].nunique().max() == 1
+
+
+def test_a_host_killed_before_the_sum_reruns_the_clients_it_ran(ray_local, tmp_path, monkeypatch):
+    """Pre-aggregation keeps FedAvg's deltas on the hosts that ran them, balanced clients
+    included: a host killed between the round and the server's sum is replaced, re-runs the
+    tasks it ran (visitors too, from their rows) and the run ends with the failure-free bits."""
+    import ray
+
+    from rayfl.engine.federation import Federation
+
+    def run(name: str, *extra: str):
+        cfg = load_config(None, [*BASE, "engine.preaggregate=on", f"output.dir={tmp_path}", f"run.run_id={name}", *extra])
+        seen = {}
+        out = run_experiment(cfg, on_start=lambda _dir, fed: seen.setdefault("fed", fed))
+        return load(out.run_dir), np.asarray(seen["fed"].server_state.x)
+
+    ref_tables, ref_final = run("reference", "engine.preaggregate=off")
+    original, killed = Federation.weighted_sum, []
+
+    def kill_then_sum(self, results, key, weights):
+        visitors = [r for r in results if r.host != self.host_of(r.client)]
+        if not killed and key == "delta" and visitors:
+            ray.kill(self.hosts[visitors[0].host], no_restart=True)
+            killed.append(visitors[0].host)
+        return original(self, results, key, weights)
+
+    monkeypatch.setattr(Federation, "weighted_sum", kill_then_sum)
+    tables, final = run("killed")
+    assert killed
+    np.testing.assert_array_equal(final, ref_final)
+    assert int(tables.rounds["host_failures"].sum()) == 1
+    for table in ("rounds", "clients"):
+        pd.testing.assert_frame_equal(comparable(getattr(tables, table)), comparable(getattr(ref_tables, table)))

@@ -145,3 +145,22 @@ def test_paired_row_takes_the_median_of_back_to_back_ratios():
     assert paired_row([(uneven, 2.0, 4.0)])["ratio_to_loop"] == 0.75
     p = build_parser()
     assert p.parse_args(["bench", "fedavg-mlp", "--repeat", "3"]).repeat == 3
+
+
+def test_bench_table_shows_speedups_and_their_range(tmp_path, capsys):
+    import json
+
+    from rayfl.cli import main
+
+    summary = {"workload": "femnist-cnn", "repeat": 3, "timed_rounds": "1..6", "date": "2026-11-28",
+               "loop": {"seconds_per_round": 6.0}, "loop_float32_rounding": 2.4e-5,
+               "machine": {"processor": "AMD EPYC", "platform": "Linux", "cpus": 2, "torch": "2.13.0"},
+               "runs": {"vectorize-auto-2h": {"ratios": [0.5, 0.4, 0.625], "ratio_to_loop": 0.5, "seconds_per_round": 3.0,
+                                              "loop_seconds_per_round": 6.0, "max_abs_diff": 1.4e-5, "peak_rss_mb": 9000.0,
+                                              "peak_process_mb": 7000.0}}}
+    (tmp_path / "f.json").write_text(json.dumps(summary))
+    assert main(["bench", "table", str(tmp_path / "f.json")]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if "vectorize-auto-2h" in line)
+    assert "2.00x (1.60-2.50)" in row and "| 6.000 | 3.000 |" in row and "9000 / 7000" in row and "2.4e-05" in row
+    assert "- `femnist-cnn`: 2026-11-28, AMD EPYC, 2 CPUs, torch 2.13.0, 3 repeat(s)" in out

@@ -34,8 +34,10 @@ def batching_pays(model: nn.Module, device: torch.device, fused: bool) -> bool:
     """Whether `engine.vectorize: auto` runs a host's clients of `model` as one batch:
     always with rayfl's fused MLP / linear kernel (`fused`; 2-3x a client-step on a CPU);
     the generic vmap step only on a GPU, where a step of a small network costs its kernel
-    launches more than its arithmetic, and never for recurrent layers, which vmap runs
-    one client at a time."""
+    launches more than its arithmetic (a rule, not yet measured on these networks: `rayfl
+    bench femnist-cnn --device cuda` measures it), and never for recurrent layers, which
+    vmap runs one client at a time. By model and device alone: a client takes the same path
+    whichever clients share its host, so 1 and 2 hosts give the same bits."""
     if fused:
         return True
     if any(isinstance(m, RECURRENT) for m in model.modules()):

@@ -45,7 +45,7 @@ def _literature(*keys: str, data: str, model: str) -> Workload:
     """A literature workload: 8 rounds by default (6 timed: each round takes seconds), the
     defaults (`auto`) beside `on` and `off`, on 2 hosts."""
     return Workload(("algorithm.name=fedavg", "algorithm.local_epochs=1", *keys), data, model, rounds=8,
-                    vectorize=("auto", "on", "off"), hosts=(2,), preaggregate=("off",))
+                    vectorize=("auto", "on", "off"), hosts=(2,), preaggregate=("on",))
 
 
 WORKLOADS: dict[str, Workload] = {

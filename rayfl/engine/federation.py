@@ -64,6 +64,7 @@ class KeptCall:
 
     keep: tuple[str, ...]
     inputs: dict[int, TaskInput]  # task id -> its input
+    hosts: dict[int, int]  # task id -> the host that ran it (and keeps its outputs)
 
 
 @dataclass
@@ -348,13 +349,13 @@ class Federation:
             groups.setdefault(self.host_of(c), []).append(int(c))
         return groups
 
-    def assign(self, ids: list[int], fn: ClientFn, keep: tuple[str, ...], payload: Mapping[str, Any],
+    def assign(self, ids: list[int], fn: ClientFn, payload: Mapping[str, Any],
                per_client: Mapping[int, Mapping[str, Any]] | None) -> dict[int, list[int]]:
         """Which host runs each client of a call: the one that holds it, or under
         `engine.balance: auto` for a stateless client function (rayfl.engine.balance) the
-        hosts' work evened out. Not for outputs kept on the hosts (a lost host re-runs its own
-        clients' kept tasks), nor for data the hosts make or read themselves (lazy, FileRows)."""
-        if (self.cfg.engine.balance != "auto" or len(self.hosts) < 2 or keep or not is_stateless(fn)
+        hosts' work evened out. Not for data the hosts make or read themselves (lazy,
+        FileRows)."""
+        if (self.cfg.engine.balance != "auto" or len(self.hosts) < 2 or not is_stateless(fn)
                 or getattr(self.dataset, "source", None) is not None or is_file_rows(self.dataset.train_x)):
             return self.by_host(ids)
         sizes = self.client_sizes
@@ -477,7 +478,7 @@ class Federation:
             for c in ids:
                 down = base + (payload_nbytes(per_client.get(c)) if per_client else 0)
                 budgets[c] = self.system.compute_budget(c, sys_cfg.deadline, down, down)
-        by_host = self.assign(ids, fn, keep, payload, per_client)
+        by_host = self.assign(ids, fn, payload, per_client)
         foreign = {h: {c: self._rows_of(c) for c in hids if self.host_of(c) != h} for h, hids in by_host.items()}
         payload_ref = ray.put(payload)  # shipped once; hosts read it zero-copy
         tasks = self.new_task_ids(ids)
@@ -510,7 +511,9 @@ class Federation:
             self.clock.advance_to(end)
         self.record_tasks(results, round, phase)
         if keep:  # before `decide` pops the inputs: a lost host's kept tasks are re-run from them
-            self._kept_call = KeptCall(keep, {r.task: self._inputs[r.task] for r in results if r.ok})
+            accepted = [r for r in results if r.ok]
+            self._kept_call = KeptCall(keep, {r.task: self._inputs[r.task] for r in accepted},
+                                       {r.task: r.host for r in accepted})
         self.decide(results)
         return [r for r in results if r.ok]
 
@@ -595,8 +598,7 @@ class Federation:
 
         kept = self._kept_call
         assert kept is not None
-        on_h = set(self.by_host(g.client for g in kept.inputs.values()).get(h, []))
-        mine = {t: given for t, given in kept.inputs.items() if given.client in on_h}
+        mine = {t: given for t, given in kept.inputs.items() if kept.hosts[t] == h}
         self.replace_host(h, skip_tasks=set(mine))
         by_round: dict[Any, dict[int, TaskInput]] = {}
         for t, given in mine.items():  # one call has one (fn, round, payload); grouped to be safe
@@ -607,8 +609,9 @@ class Federation:
             extra = {g.client: g.extra for g in group.values() if g.extra is not None} or None
             budgets = {g.client: g.budget for g in group.values() if g.budget is not None} or None
             task_ids = {g.client: t for t, g in group.items()}
+            foreign = {c: self._rows_of(c) for c in ids if self.host_of(c) != h} or None  # balanced here
             ray.get(self.hosts[h].run.remote(first.fn, ids, first.key, first.payload_ref, extra, budgets, task_ids,
-                                             None, kept.keep))
+                                             None, kept.keep, foreign))
             ray.get(self.hosts[h].settle.remote(dict.fromkeys(group, True)))
 
     # ------------------------------------------------------------------ failures
