@@ -22,7 +22,8 @@ _ATTR = "__rayfl_stateless__"
 def stateless(fn: F) -> F:
     """Mark a client function that never writes `ctx.state`: the driver may run its clients on
     any host to balance the hosts' work (`engine.balance`). A host that sees such a function
-    change a client's state fails the task, so the promise is checked, not trusted."""
+    change a visiting client's state raises, which fails the run: the promise is checked, not
+    trusted."""
     setattr(fn, _ATTR, True)
     return fn
 
