@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from rayfl.config import load_config
+from rayfl.data import build_federated_dataset
 from rayfl.data import cache as dcache
 from rayfl.data.mapped import MappedArrays
 from rayfl.engine import local_ray
@@ -56,9 +57,13 @@ def run_seeing_the_hosts_arrays(cfg, dataset) -> tuple[object, list[tuple[Path, 
 
 def test_hosts_here_map_the_cached_file_and_write_the_same_tables(ray_local, results_dir, cache_root):
     assert local_ray.single_machine(), "the session's Ray was started by ray.init() here"
-    built = build_dataset(config(results_dir, "x"))  # a miss: built in memory (and stored)
+    miss = build_dataset(config(results_dir, "x"))  # built, stored, and handed back mapped from the file
     hit = build_dataset(config(results_dir, "x"))
-    assert built.mapped is None and hit.mapped is not None
+    assert miss.mapped is not None and hit.mapped is not None and miss.mapped.path == hit.mapped.path
+    cfg = config(results_dir, "x")
+    built = build_federated_dataset(cfg.data, cfg.partition, cfg.run.seed)  # no cache: in memory
+    built.from_config = True
+    assert built.mapped is None
     shipped, _, built_dir = run_seeing_the_hosts_arrays(config(results_dir, "built"), built)
     assert isinstance(shipped, dict) and not isinstance(shipped, MappedArrays)
     mapped, pins, mapped_dir = run_seeing_the_hosts_arrays(config(results_dir, "mapped"), hit)
