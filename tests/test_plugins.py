@@ -4,7 +4,7 @@ rayfl's built-ins get: validation of their own keys, `rayfl run` by import path,
 sweep` over their own key, installation as entry points, `ray job submit --working-dir`, and
 one-line errors when a host cannot import them.
 
-The package is the one docs/guides/extending.md writes (FedNova, the FEMNIST CNN, FEMNIST
+The package is the one docs/guides/extending.md writes (FedNova, a LeNet-style CNN, FEMNIST
 from Parquet, a partitioner), taken from the guide's own code blocks."""
 
 from __future__ import annotations
