@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     import pandas as pd
     import torch
 
+    from rayfl.callbacks.base import Callback
     from rayfl.data import FederatedDataset
     from rayfl.results import Results
 
@@ -73,6 +74,7 @@ def run(
     dataset: FederatedDataset | None = None,
     address: str | None = None,
     progress: bool = False,
+    callbacks: Sequence[Callback] = (),
 ) -> Run:
     """Run one experiment to completion and return it.
 
@@ -80,21 +82,25 @@ def run(
     the default job; `overrides` are `section.key=value` strings as `rayfl run --set` takes.
     `dataset` replaces the config's data (it is stored with the run, so `resume` works);
     `address` joins a running Ray (else RAY_ADDRESS, else a local Ray started and stopped
-    here, unless this process is already connected to one). `progress` draws a progress bar."""
+    here, unless this process is already connected to one). `progress` draws a progress bar.
+    `callbacks` (rayfl.Callback objects) run after the job's own `callbacks:` list."""
     from rayfl.runner import build_dataset, run_experiment
 
     cfg = _config(job, [*overrides, *([f"engine.address={address}"] if address else [])])
     if dataset is None:
         dataset = build_dataset(cfg)
-    out = _with_progress(cfg.run.rounds, progress, lambda bar: run_experiment(cfg, progress=bar, dataset=dataset))
+    out = _with_progress(cfg.run.rounds, progress, lambda bar: run_experiment(cfg, progress=bar, dataset=dataset,
+                                                                                  callbacks=callbacks))
     return Run(out.run_dir, cfg, out.summary, out.final_params, dataset)
 
 
-def resume(run_dir: str | Path, *, progress: bool = False) -> Run:
-    """Continue a stopped or killed run from its last checkpoint (see `rayfl resume`)."""
+def resume(run_dir: str | Path, *, progress: bool = False, callbacks: Sequence[Callback] = ()) -> Run:
+    """Continue a stopped or killed run from its last checkpoint (see `rayfl resume`); give
+    again the `callbacks` objects the run was started with (their state is in the checkpoint)."""
     from rayfl.runner import resume_experiment, resume_target
 
-    out = _with_progress(resume_target(run_dir), progress, lambda bar: resume_experiment(run_dir, progress=bar))
+    out = _with_progress(resume_target(run_dir), progress,
+                         lambda bar: resume_experiment(run_dir, progress=bar, callbacks=callbacks))
     return Run(out.run_dir, out.config, out.summary, out.final_params, out.dataset)
 
 

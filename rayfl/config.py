@@ -19,13 +19,7 @@ from typing import Any, ClassVar, Literal, Union, get_args, get_origin
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """A configuration mistake, with the dotted key it concerns."""
-
-    def __init__(self, key: str, message: str):
-        super().__init__(f"{key}: {message}")
-        self.key = key
+from rayfl.errors import ConfigError
 
 
 class _NotFinite(ConfigError):
@@ -242,6 +236,10 @@ class AlgorithmConfig:
     # A client answer with NaN / Inf is never applied: `drop` logs it (outcome nonfinite) and
     # goes on, `fail` stops the run.
     nonfinite: Literal["drop", "fail"] = "drop"
+    # The keys of a client's answer that are model-shaped and only ever averaged by the server
+    # (FedAvg's "delta"): what the round pipeline (privacy, compression, robust) transforms.
+    # An algorithm declares them on its config class; none means the pipeline refuses it.
+    uploads: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self) -> None:
         # Resolved here, not as the field default, so that a job giving only `participation`
@@ -270,6 +268,26 @@ class AlgorithmConfig:
         _positive("algorithm.batch_size", self.batch_size)
         _positive_float("algorithm.lr", self.lr)
         _non_negative("algorithm.weight_decay", self.weight_decay)
+
+
+@dataclass
+class CallbackConfig:
+    """Fields every callback shares. Each callback subclasses this with its own settings (see
+    `rayfl.callbacks`); `name` picks it: a registered name or an import path."""
+
+    name: str = ""
+
+    def validate(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError("callbacks.name", "must name a callback (a registered name or 'package.module:attr')")
+
+
+@dataclass
+class GenericCallbackConfig(CallbackConfig):
+    """The config of a callback registered without a config class of its own: its factory
+    gets `kwargs` as keyword arguments."""
+
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -319,7 +337,8 @@ class EngineConfig:
     # stay on the hosts, which send one exact partial sum each (rayfl.engine.exact_sum), not one
     # vector per client. Same bits as `off`, for any number of hosts; the driver no longer sums
     # every client's delta alone (fedavg-mlp on 2 hosts: 0.077 s a round on, 0.105 off).
-    preaggregate: Literal["on", "off"] = "on"
+    # `auto` is on unless a robust aggregator needs every client's update on the server.
+    preaggregate: Literal["auto", "on", "off"] = "auto"
     # Warm hosts (rayfl.engine.pool, `rayfl pool start` on a running head): `auto` leases the
     # joined Ray's idle pooled hosts instead of starting fresh ones (CPU hosts only; the same
     # results), `off` always starts fresh hosts.
@@ -329,7 +348,7 @@ class EngineConfig:
         _choice("engine.vectorize", self.vectorize, ("auto", "on", "off"))
         _choice("engine.pool", self.pool, ("auto", "off"))
         _choice("engine.balance", self.balance, ("auto", "off"))
-        _choice("engine.preaggregate", self.preaggregate, ("on", "off"))
+        _choice("engine.preaggregate", self.preaggregate, ("auto", "on", "off"))
         if self.num_hosts is not None:
             _positive("engine.num_hosts", self.num_hosts)
         if self.clients_per_host != "auto":
@@ -511,6 +530,15 @@ class OutputConfig:
         return {"flush_rows": self.flush_rows, "flush_seconds": self.flush_seconds, "compact": self.compact}
 
 
+# The round pipeline's sections (privacy, compression, robust) are defined with it.
+from rayfl.pipeline.sections import (  # noqa: E402
+    CompressionConfig,
+    PrivacyConfig,
+    RobustSection,
+    check_pipeline,
+)
+
+
 @dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
@@ -521,10 +549,24 @@ class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     system: SystemConfig = field(default_factory=SystemConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
+    robust: RobustSection = field(default_factory=RobustSection)
+    callbacks: list[CallbackConfig] = field(default_factory=list)
 
     def validate(self) -> None:
         for f in dataclasses.fields(self):
-            getattr(self, f.name).validate()
+            if f.name == "callbacks":
+                for i, cb in enumerate(self.callbacks):
+                    try:
+                        cb.validate()
+                    except ConfigError as e:  # which item of the list: callbacks[i].key
+                        raise ConfigError(e.key.replace("callbacks", f"callbacks[{i}]", 1), str(e).partition(": ")[2]) from None
+            elif f.name == "compression":
+                self.compression.validate_as("compression")
+            else:
+                getattr(self, f.name).validate()
+        check_pipeline(self)
         data, partition = self.data, self.partition
         data.check_partition(partition)
         alg = self.algorithm
@@ -653,6 +695,9 @@ def config_from_dict(raw: Mapping[str, Any]) -> Config:
         raise ConfigError(bad, f"unknown section; allowed sections are {sorted(SECTIONS)}")
     sections: dict[str, Any] = {}
     for name in SECTIONS:
+        if name == "callbacks":
+            sections[name] = build_callbacks(raw.get(name))
+            continue
         values = raw.get(name) or {}
         if not isinstance(values, Mapping):
             raise ConfigError(name, "must be a mapping of keys to values")
@@ -660,6 +705,30 @@ def config_from_dict(raw: Mapping[str, Any]) -> Config:
     cfg = Config(**sections)
     cfg.validate()
     return cfg
+
+
+def build_callbacks(raw: Any) -> list[CallbackConfig]:
+    """The job's `callbacks:` list: each item a mapping whose `name` picks the callback (a
+    registered name or an import path) and whose other keys are that callback's settings."""
+    from rayfl.registry import CALLBACKS
+
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise ConfigError("callbacks", "must be a list of mappings, each with a `name`")
+    built = []
+    for i, item in enumerate(raw):
+        key = f"callbacks[{i}]"
+        if isinstance(item, str):
+            item = {"name": item}
+        if not isinstance(item, Mapping) or "name" not in item:
+            raise ConfigError(key, "must be a mapping with a `name` (or just the name)")
+        try:
+            cls = CALLBACKS.config_class(item["name"])
+        except ConfigError as e:
+            raise ConfigError(f"{key}.name", str(e).partition(": ")[2]) from None
+        built.append(build_section(cls, item, key))
+    return built
 
 
 def build_section(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
@@ -694,16 +763,22 @@ def absolute_local_paths(raw: dict[str, Any], base: str | Path | None = None) ->
     (default: the working directory), in place: a sweep's trials run in directories of their
     own, a resumed run wherever `rayfl resume` is called. `output.dir` is left alone (the
     sweep makes it absolute itself; a resumed run is addressed by its directory)."""
-    from rayfl.results.storage import is_uri
-
     root = Path(base) if base is not None else Path.cwd()
     for section, values in raw.items():
-        if section == "output" or not isinstance(values, dict):
+        if section == "output":
             continue
-        for key, value in values.items():
-            if is_path_key(key) and isinstance(value, str) and value and not is_uri(value) \
-                    and not Path(value).expanduser().is_absolute():
-                values[key] = str((root / value).resolve())
+        for item in (values if isinstance(values, list) else [values]):  # `callbacks:` is a list
+            if isinstance(item, dict):
+                _absolute_paths_in(item, root)
+
+
+def _absolute_paths_in(values: dict[str, Any], root: Path) -> None:
+    from rayfl.results.storage import is_uri
+
+    for key, value in values.items():
+        if is_path_key(key) and isinstance(value, str) and value and not is_uri(value) \
+                and not Path(value).expanduser().is_absolute():
+            values[key] = str((root / value).resolve())
 
 
 def config_from_manifest(raw: Mapping[str, Any]) -> Config:

@@ -208,14 +208,15 @@ class Plugins:
     def of(cls, cfg: Any) -> Plugins:
         """The user code `cfg` names (its registries' non-built-in entries)."""
         names, shipped, roots = [], {}, added_roots()
-        for section, registry in BY_SECTION.items():
-            name = getattr(getattr(cfg, section), registry.key.split(".")[1])
+        named = [(registry, getattr(getattr(cfg, section), registry.key.split(".")[1])) for section, registry in BY_SECTION.items()]
+        named += [(CALLBACKS, cb.name) for cb in getattr(cfg, "callbacks", [])]
+        for registry, name in named:
             entry = registry.get(name)
             if entry.origin == "built-in":
                 continue
             names.append((registry.key, name))
             if entry.origin == "registered":
-                shipped[registry.kind] = entry
+                shipped[(registry.kind, name)] = entry
             for obj in (entry.load(), entry.config_class()):
                 root = module_root(obj)
                 if root is not None and root not in roots:
@@ -246,8 +247,8 @@ class Plugins:
             except Exception as e:
                 raise ConfigError("plugins", f"cannot load the entries registered in the driver{_on(where)}: "
                                   f"{type(e).__name__}: {_one_line(e)}") from None
-            for kind, entry in shipped.items():
-                REGISTRIES[kind].adopt(entry)
+            for where, entry in shipped.items():
+                REGISTRIES[where[0] if isinstance(where, tuple) else where].adopt(entry)
         for key, name in self.names:
             registry = next(r for r in REGISTRIES.values() if r.key == key)
             try:
@@ -438,8 +439,13 @@ PARTITIONERS = Registry(
     "rayfl.config:PartitionConfig", "rayfl.config:GenericPartitionConfig",
     _check_callable("labels", "num_clients", "cfg", "rng"),
 )
-REGISTRIES: dict[str, Registry] = {r.kind: r for r in (ALGORITHMS, MODELS, DATASETS, PARTITIONERS)}
-BY_SECTION: dict[str, Registry] = {r.key.split(".")[0]: r for r in REGISTRIES.values()}
+CALLBACKS = Registry(
+    "callback", "callbacks.name", "rayfl.callbacks", "rayfl.callbacks.catalog",
+    "rayfl.config:CallbackConfig", "rayfl.config:GenericCallbackConfig", _check_callable(classes=True),
+)
+REGISTRIES: dict[str, Registry] = {r.kind: r for r in (ALGORITHMS, MODELS, DATASETS, PARTITIONERS, CALLBACKS)}
+# the sections that name one entry (the job's `callbacks:` is a list, resolved on its own)
+BY_SECTION: dict[str, Registry] = {r.key.split(".")[0]: r for r in (ALGORITHMS, MODELS, DATASETS, PARTITIONERS)}
 
 
 def register_algorithm(name: str, run: Any = None, *, config: Any = None, summary: str = "") -> Any:
@@ -466,3 +472,11 @@ def register_partitioner(name: str, split: Any = None, *, config: Any = None, su
     """Register a partitioner `(labels, num_clients, cfg, rng, **kwargs) -> list of index
     arrays` (one per client, disjoint) under `name`. A decorator without `split`."""
     return PARTITIONERS.register(name, split, config=config, summary=summary)
+
+
+def register_callback(name: str, factory: Any = None, *, config: Any = None, summary: str = "") -> Any:
+    """Register a callback factory `(cfg) -> rayfl.Callback` under `name`, with its config
+    dataclass (a subclass of `rayfl.CallbackConfig`; without one the factory gets the job's
+    `kwargs` as keyword arguments). A decorator without `factory`; a Callback subclass whose
+    constructor takes the config works as a factory too."""
+    return CALLBACKS.register(name, factory, config=config, summary=summary)

@@ -14,11 +14,12 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rayfl.callbacks.base import Callback
 from rayfl.config import Config, ConfigError, absolute_local_paths, config_from_manifest
 from rayfl.data import FederatedDataset, build_federated_dataset
 from rayfl.data.stored import STORED_FILE, dataset_bytes, dataset_from_bytes
@@ -170,8 +171,10 @@ def run_experiment(
     progress: ProgressFn | None = None,
     dataset: FederatedDataset | None = None,
     on_start: Callable[[RunDir, Federation], None] | None = None,
+    callbacks: Sequence[Callback] = (),
 ) -> RunOutcome:
-    """Run `cfg` to completion and return where its results are."""
+    """Run `cfg` to completion and return where its results are. `callbacks`: objects run
+    after the job's own `callbacks:` (rayfl.callbacks)."""
     import ray
 
     if (warning := relative_output_in_job_warning(cfg.output.dir)) is not None:
@@ -208,7 +211,7 @@ def run_experiment(
         )
         if handed_in:
             write_atomically(Location.parse(writer.run_dir).child(STORED_FILE), dataset_bytes(dataset))
-        return _execute(cfg, dataset, writer, None, progress, on_start)
+        return _execute(cfg, dataset, writer, None, progress, on_start, callbacks)
     finally:
         if started_ray:
             stop_ray()
@@ -219,6 +222,7 @@ def resume_experiment(
     run_dir: str | Path,
     progress: ProgressFn | None = None,
     on_start: Callable[[RunDir, Federation], None] | None = None,
+    callbacks: Sequence[Callback] = (),
 ) -> RunOutcome:
     """Continue a stopped, killed or failed run from its last checkpoint, in its own directory:
     rows written after the checkpoint are dropped and produced again, so the finished tables
@@ -241,7 +245,7 @@ def resume_experiment(
     try:
         check_cluster(cfg.engine, dataset.num_clients)
         writer = RunWriter.reopen(location.name, ckpt.parts if ckpt is not None else {}, **cfg.output.writer_options())
-        return _execute(cfg, dataset, writer, ckpt, progress, on_start)
+        return _execute(cfg, dataset, writer, ckpt, progress, on_start, callbacks)
     finally:
         if started_ray:
             stop_ray()
@@ -275,6 +279,7 @@ def _execute(
     resume: Checkpoint | None,
     progress: ProgressFn | None,
     on_start: Callable[[RunDir, Federation], None] | None,
+    callbacks: Sequence[Callback] = (),
 ) -> RunOutcome:
     """The run itself, between an open writer and a closed one. SIGTERM and Ctrl-C ask it to
     stop after the current round, with a checkpoint; a second one stops it at once."""
@@ -283,15 +288,17 @@ def _execute(
     run_algorithm = ALGORITHMS.get(cfg.algorithm.name).load()
     t0 = time.perf_counter()
     fed = None
+    status = "failed"
     try:
         with writer, StopSignals() as stop:
             mark("writer_open")
-            fed = Federation(cfg, dataset, writer=writer, progress=progress, resume=resume)
+            fed = Federation(cfg, dataset, writer=writer, progress=progress, resume=resume, callbacks=callbacks)
             mark("hosts_ready")
             stop.federation = fed
             writer.update_manifest(
                 placement={"num_hosts": fed.placement.num_hosts, "hosts": fed.host_info},
                 num_params=fed.num_params,
+                **({"pipeline": fed.pipeline.manifest()} if fed.pipeline is not None else {}),
             )
             if on_start is not None:
                 on_start(writer.run_dir, fed)
@@ -304,14 +311,21 @@ def _execute(
                 sim_time=fed.now, wall_seconds=time.perf_counter() - t0, tasks_issued=fed.tasks_issued,
                 tasks_discarded=fed.tasks_discarded, host_failures=fed.host_failures,
             )
+            if fed.stopped_early is not None:
+                summary["stopped_early"] = fed.stopped_early
             mark("rounds_done")
             writer.close("completed", summary=summary)
+            status = "completed" if fed.stopped_early is None else "stopped_early"
             mark("writer_closed")
             return RunOutcome(writer.run_dir, summary, time.perf_counter() - t0, final_params, cfg, dataset)
+    except KeyboardInterrupt:  # a stop asked for (RunInterrupted) or Ctrl-C twice
+        status = "interrupted"
+        raise
     finally:
         if fed is not None:
             fed.shutdown()
             mark("hosts_stopped")
+            fed.callbacks.end(status)
 
 
 class StopSignals:

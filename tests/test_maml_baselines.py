@@ -129,13 +129,16 @@ class InProcessFed:
         w = self.dataset.client_sizes()[ids].astype(np.float64) if kind == "samples" else np.ones(len(ids))
         return w / w.sum()
 
-    def call(self, ids, fn, *, round, per_client=None, phase="train", timed=True, **payload):
+    def call(self, ids, fn, *, round, per_client=None, phase="train", timed=True, keep=(), **payload):
         self.calls.append((phase, round, payload))
         recs = self.host.run(fn, list(ids), round, payload, per_client)
         return [ClientResult(client=r["client"], host=0, values=r["values"], num_samples=r["num_samples"],
                              forward_samples=0, backward_samples=0, local_steps=r["local_steps"], bytes_up=0,
                              bytes_down=0, timing=TaskTiming(0.0, 0.0, 0.0, 0.0), dispatch_time=0.0, finish_time=0.0)
                 for r in recs]
+
+    def weighted_sum(self, results, key, weights) -> np.ndarray:
+        return sum(w * np.asarray(r[key], dtype=np.float64) for r, w in zip(results, weights, strict=True))
 
     def evaluate(self, params: np.ndarray) -> dict[str, float]:
         model = build_model(self.model_cfg, self.dataset.input_shape, C)

@@ -8,12 +8,13 @@ client's download and the moment its update is used."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from rayfl.algorithms.fedavg import FedAvgConfig, check_finite, evaluate_if_due, fedavg_client
+from rayfl.algorithms.fedavg import FedAvgConfig, fedavg_client
 from rayfl.algorithms.local import LocalSchedule
+from rayfl.algorithms.rounds import check_finite, evaluate_if_due
 from rayfl.config import ConfigError, RunConfig
 from rayfl.engine import AsyncPool, ClientResult, Federation
 
@@ -24,6 +25,8 @@ class AsyncConfig(FedAvgConfig):
     staleness weight s(t): `constant` 1, `polynomial` (1 + t)^-a, `hinge` 1 for t <= b else
     1 / (a (t - b) + 1) (Xie et al. 2019, section 5.2). Updates staler than `max_staleness`
     are discarded (bounded staleness; null keeps all). `run.rounds` counts server updates."""
+
+    uploads: ClassVar[tuple[str, ...]] = ()  # the round pipeline is for synchronous rounds here
 
     concurrency: int = 10
     staleness: Literal["constant", "polynomial", "hinge"] = "polynomial"

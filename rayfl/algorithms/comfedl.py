@@ -32,15 +32,15 @@ import numpy as np
 import torch
 
 from rayfl.algorithms.client_eval import evaluate_clients
-from rayfl.algorithms.fedavg import (
+from rayfl.algorithms.kernels import CrossEntropyGrad
+from rayfl.algorithms.personalized_eval import PREFIX as PERSONALIZED
+from rayfl.algorithms.rounds import (
     ModelState,
     check_finite,
     clients_this_round,
     evaluate_if_due,
     weighted_mean,
 )
-from rayfl.algorithms.kernels import CrossEntropyGrad
-from rayfl.algorithms.personalized_eval import PREFIX as PERSONALIZED
 from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
 from rayfl.engine import ClientContext, Federation
 from rayfl.zo.lower_level import minibatch_indices

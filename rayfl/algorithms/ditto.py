@@ -16,22 +16,21 @@ adaptation step), as the paper does; a client that never trained is measured on 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 
-from rayfl.algorithms.fedavg import (
-    ModelState,
-    check_finite,
-    clients_this_round,
-    round_metrics,
-    weighted_mean,
-)
 from rayfl.algorithms.local import LocalSchedule, local_sgd
 from rayfl.algorithms.personalized_eval import (
     evaluate_personalized_if_due,
     require_client_validation,
+)
+from rayfl.algorithms.rounds import (
+    ModelState,
+    check_finite,
+    clients_this_round,
+    round_metrics,
 )
 from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
 from rayfl.engine import ClientContext, Federation
@@ -42,6 +41,8 @@ PERSONAL = "personal"
 @dataclass
 class DittoConfig(AlgorithmConfig):
     """Ditto at ComFedL's CIFAR setting: global and personal lr 0.2, lam = 0.1, tau = 5 steps."""
+
+    uploads: ClassVar[tuple[str, ...]] = ("delta",)  # the global model's update; the personal one stays
 
     name: str = "ditto"
     lr: float = 0.2
@@ -80,12 +81,12 @@ def run_ditto(fed: Federation, cfg: DittoConfig, run: RunConfig) -> dict[str, An
     metrics: dict[str, Any] = {}
     for r in fed.rounds(run.rounds):
         ids = clients_this_round(fed, cfg, r)
-        results = fed.call(ids, ditto_client, round=r, params=s.x, lr=cfg.lr, personal_lr=cfg.personal_lr,
-                           lam=cfg.lam, schedule=schedule)
+        results = fed.call(ids, ditto_client, round=r, keep=("delta",), params=s.x, lr=cfg.lr,
+                           personal_lr=cfg.personal_lr, lam=cfg.lam, schedule=schedule)
         metrics = {"num_updates": 0}
         if results:
             weights = fed.client_weights([res.client for res in results], cfg.weighting)
-            s.x = (s.x + weighted_mean(results, "delta", weights)).astype(np.float32)
+            s.x = (s.x + fed.weighted_sum(results, "delta", weights)).astype(np.float32)
             check_finite(s.x, r)
             metrics = round_metrics(fed, results, weights)
             metrics["personal_loss"] = float(np.nanmean([res["personal_loss"] for res in results]))

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from rayfl.algorithms.client_eval import evaluate_clients
-from rayfl.algorithms.fedavg import check_finite, clients_this_round, evaluate_if_due, weighted_mean
 from rayfl.algorithms.kernels import CrossEntropyGrad
+from rayfl.algorithms.rounds import check_finite, clients_this_round, evaluate_if_due, weighted_mean
 from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
 from rayfl.engine import ClientContext, Federation
 from rayfl.rng import numpy_rng

@@ -12,18 +12,24 @@ always-on client (`server_as_client`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 
-from rayfl.algorithms.base import eval_due
 from rayfl.algorithms.local import LocalSchedule, local_sgd, local_sgd_batched, lr_sum
 from rayfl.algorithms.round_lr import RoundLRConfig, round_lr
+from rayfl.algorithms.rounds import (
+    ModelState,
+    check_finite,
+    clients_this_round,
+    evaluate_if_due,
+    round_metrics,
+)
 from rayfl.algorithms.server_client import ServerClient
-from rayfl.algorithms.server_opt import AdamMoments, ServerOptimizerConfig, server_step
+from rayfl.algorithms.server_opt import ServerOptimizerConfig, server_step
 from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
-from rayfl.engine import ClientContext, ClientResult, Federation
+from rayfl.engine import ClientContext, Federation
 from rayfl.engine.balance import stateless
 from rayfl.engine.vectorized import batched, per_client, stack_vectors
 from rayfl.zo.schedules import StepsSchedule, check_budget_fields, local_steps
@@ -42,6 +48,8 @@ class FedAvgConfig(AlgorithmConfig):
     papers' baselines do not use it). `server_optimizer: {name: adam}` is FedAdam (Reddi et
     al. 2021) on the pseudo-gradient -mean delta at `server_lr`; `round_lr` schedules the
     clients' lr across rounds (linear warm-up and decay, or step halving)."""
+
+    uploads: ClassVar[tuple[str, ...]] = ("delta",)
 
     name: str = "fedavg"
     server_lr: float = 1.0
@@ -83,6 +91,8 @@ class ScaffoldConfig(FedAvgConfig):
     (c - c_i); c_i+ = c_i - c + (x - y_i) / (K * lr); the server moves x by server_lr times the
     mean delta and c by |S|/N times the mean control delta. The paper averages uniformly."""
 
+    uploads: ClassVar[tuple[str, ...]] = ("delta", "delta_control")
+
     name: str = "scaffold"
     weighting: Literal["samples", "uniform"] = "uniform"
 
@@ -91,14 +101,6 @@ class ScaffoldConfig(FedAvgConfig):
         if self.server_optimizer.name != "sgd":
             raise ConfigError("algorithm.server_optimizer.name", "SCAFFOLD's server step is SGD (Alg. 1); use sgd")
 
-
-@dataclass
-class ModelState:
-    """What FedAvg's and FedProx's server carries between rounds: the global model (and
-    FedAdam's moments)."""
-
-    x: np.ndarray
-    moments: AdamMoments = field(default_factory=AdamMoments)
 
 
 @dataclass
@@ -196,11 +198,6 @@ def scaffold_clients(ctxs: list[ClientContext], kwargs: list[dict[str, Any]]) ->
 # ---------------------------------------------------------------- server loops
 
 
-def clients_this_round(fed: Federation, cfg: AlgorithmConfig, round: int) -> list[int]:
-    if cfg.participation is not None:
-        return fed.sample(round, fraction=cfg.participation)
-    return fed.sample(round, k=cfg.clients_per_round)
-
 
 def local_plan(
     fed: Federation, cfg: FedAvgConfig, ids: list[int], round: int
@@ -240,28 +237,7 @@ def update_weights(fed: Federation, results: list[Any], kind: str, server: Serve
     return w / w.sum()
 
 
-def weighted_mean(results: list[ClientResult], key: str, weights: np.ndarray) -> np.ndarray:
-    """Sum in client-id order in float64: identical whatever the host layout. One scratch
-    vector for the products: fresh model-sized temporaries per client cost more in page
-    faults than the arithmetic."""
-    acc = np.zeros_like(results[0][key], dtype=np.float64)
-    term = np.empty_like(acc)
-    for r, w in zip(results, weights, strict=True):
-        np.multiply(r[key], w, out=term, dtype=np.float64)  # float64(value) * w, as w * value.astype(float64)
-        acc += term
-    return acc
 
-
-def round_metrics(fed: Federation, results: list[ClientResult], weights: np.ndarray) -> dict[str, float]:
-    losses = np.array([r["loss"] for r in results], dtype=np.float64)
-    ok = np.isfinite(losses)
-    train_loss = float(np.sum(weights[ok] * losses[ok]) / max(np.sum(weights[ok]), 1e-12)) if ok.any() else float("nan")
-    return {"train_loss": train_loss, "num_updates": len(results)}
-
-
-def check_finite(x: np.ndarray, round: int) -> None:
-    if not np.all(np.isfinite(x)):
-        raise FloatingPointError(f"global model diverged (non-finite parameters) at round {round}; lower algorithm.lr")
 
 
 def run_fedavg(fed: Federation, cfg: FedAvgConfig, run: RunConfig) -> dict[str, Any]:
@@ -313,11 +289,3 @@ def run_scaffold(fed: Federation, cfg: ScaffoldConfig, run: RunConfig) -> dict[s
         metrics.update(evaluate_if_due(fed, s.x, r, run))
         fed.log_round(r, **metrics)
     return {"final_params": s.x, **metrics}
-
-
-def evaluate_if_due(fed: Federation, x: np.ndarray, round: int, run: RunConfig) -> dict[str, float]:
-    if not eval_due(round, run):
-        return {}
-    m = fed.evaluate(x)
-    fed.log_eval(round, m)
-    return m

@@ -11,20 +11,16 @@ from typing import Any
 
 import numpy as np
 
-from rayfl.algorithms.fedavg import (
-    FedAvgConfig,
-    ModelState,
-    call_with_server,
-    check_finite,
-    clients_this_round,
-    fedavg_client,
-    round_metrics,
-    update_weights,
-    weighted_mean,
-)
+from rayfl.algorithms.fedavg import FedAvgConfig, call_with_server, fedavg_client, update_weights
 from rayfl.algorithms.personalized_eval import (
     evaluate_personalized_if_due,
     require_client_validation,
+)
+from rayfl.algorithms.rounds import (
+    ModelState,
+    check_finite,
+    clients_this_round,
+    round_metrics,
 )
 from rayfl.config import ConfigError, RunConfig
 from rayfl.engine import Federation
@@ -59,12 +55,12 @@ def run_fedavg_adapt(fed: Federation, cfg: FedAvgAdaptConfig, run: RunConfig) ->
     metrics: dict[str, Any] = {}
     for r in fed.rounds(run.rounds):
         ids = clients_this_round(fed, cfg, r)
-        results = call_with_server(fed, fedavg_client, ids, cfg, r, None, params=s.x, lr=cfg.lr,
+        results = call_with_server(fed, fedavg_client, ids, cfg, r, None, keep=("delta",), params=s.x, lr=cfg.lr,
                                    weight_decay=cfg.weight_decay)
         metrics = {"num_updates": 0}
         if results:
             weights = update_weights(fed, results, cfg.weighting, None)
-            s.x = (s.x + cfg.server_lr * weighted_mean(results, "delta", weights)).astype(np.float32)
+            s.x = (s.x + cfg.server_lr * fed.weighted_sum(results, "delta", weights)).astype(np.float32)
             check_finite(s.x, r)
             metrics = round_metrics(fed, results, weights)
         metrics.update(evaluate_personalized_if_due(fed, s.x, r, run, adapt_lr, cfg.eval_adapt_steps, cfg.batch_size))

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from rayfl.algorithms.base import eval_due
-from rayfl.algorithms.fedavg import check_finite, clients_this_round, evaluate_if_due
 from rayfl.algorithms.fedrzo_nn import FedRZOState, average, objective_metrics
+from rayfl.algorithms.rounds import check_finite, clients_this_round, evaluate_if_due
 from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
 from rayfl.engine import ClientContext, Federation
 from rayfl.models.params import functional_logits

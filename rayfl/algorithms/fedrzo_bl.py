@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from rayfl.algorithms.base import eval_due
-from rayfl.algorithms.fedavg import check_finite
+from rayfl.algorithms.rounds import check_finite
 from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
 from rayfl.engine import ClientContext, ClientResult, Federation
 from rayfl.papers.fedrzo.problems import (

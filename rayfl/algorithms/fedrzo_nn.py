@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from rayfl.algorithms.base import eval_due
-from rayfl.algorithms.fedavg import check_finite, clients_this_round
+from rayfl.algorithms.rounds import check_finite, clients_this_round
 from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
 from rayfl.engine import ClientContext, ClientResult, Federation
 from rayfl.engine.federation import evaluate_arrays

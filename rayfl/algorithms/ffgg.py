@@ -29,7 +29,6 @@ import numpy as np
 import torch
 
 from rayfl.algorithms.base import eval_due
-from rayfl.algorithms.fedavg import clients_this_round
 from rayfl.algorithms.finetune import (
     W_STATE,
     FineTune,
@@ -39,6 +38,7 @@ from rayfl.algorithms.finetune import (
     to_tensor,
 )
 from rayfl.algorithms.round_lr import RoundLRConfig, round_lr
+from rayfl.algorithms.rounds import check_finite, clients_this_round
 from rayfl.algorithms.server_opt import AdamMoments, ServerOptimizerConfig, server_step
 from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
 from rayfl.engine import ClientContext, Federation
@@ -275,7 +275,7 @@ def run_ffgg(fed: Federation, cfg: FFGGConfig, run: RunConfig) -> dict[str, Any]
         if results:
             g = aggregate_round(byz, s, results, r)
             s.theta = (s.theta.astype(np.float64) - gamma_theta * g).astype(split.theta0.dtype)
-            check_finite(s.theta, r)
+            check_finite(s.theta, r, "theta", "algorithm.server_lr")
         metrics = round_metrics(split, s.theta, results)
         metrics.update(evaluate_if_due(fed, split, s.theta, r, run))
         fed.log_round(r, **metrics)
@@ -305,16 +305,12 @@ def run_local_ffgg(fed: Federation, cfg: LocalFFGGConfig, run: RunConfig) -> dic
             g = aggregate_round(byz, s, results, r)  # the mean of Delta_m = theta^r - theta_m: -(mean delta)
             moments = getattr(s, "moments", None)  # a checkpoint from before FedAdam has none (and is SGD)
             s.theta = server_step(s.theta.astype(np.float64), -g, server_lr, cfg.server_optimizer, moments).astype(split.theta0.dtype)
-            check_finite(s.theta, r)
+            check_finite(s.theta, r, "theta", "algorithm.server_lr")
         metrics = round_metrics(split, s.theta, results)
         metrics.update(evaluate_if_due(fed, split, s.theta, r, run))
         fed.log_round(r, **metrics)
     return {"final_params": s.theta, **metrics}
 
-
-def check_finite(theta: np.ndarray, round: int) -> None:
-    if not np.all(np.isfinite(theta)):
-        raise FloatingPointError(f"theta diverged (non-finite) at round {round}; lower algorithm.server_lr")
 
 
 def evaluate_if_due(fed: Federation, split: Split, theta: np.ndarray, round: int, run: RunConfig) -> dict[str, float]:

@@ -25,17 +25,17 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from rayfl.algorithms.fedavg import (
+from rayfl.algorithms.maml import Batch, maml_gradient
+from rayfl.algorithms.personalized_eval import (
+    evaluate_personalized_if_due,
+    require_client_validation,
+)
+from rayfl.algorithms.rounds import (
     ModelState,
     check_finite,
     clients_this_round,
     round_metrics,
     weighted_mean,
-)
-from rayfl.algorithms.maml import Batch, maml_gradient
-from rayfl.algorithms.personalized_eval import (
-    evaluate_personalized_if_due,
-    require_client_validation,
 )
 from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
 from rayfl.engine import ClientContext, Federation

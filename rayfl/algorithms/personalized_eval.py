@@ -44,7 +44,7 @@ def evaluate_personalized_if_due(
     state_key: str | None = None,
 ) -> dict[str, float]:
     """Every `run.eval_every` rounds and after the last: the global model on the global test
-    set (as `fedavg.evaluate_if_due`) and every client's personalized model (`adapt_steps`
+    set (as `rounds.evaluate_if_due`) and every client's personalized model (`adapt_steps`
     SGD steps of `adapt_lr` on `batch_size` of its training samples, or its
     `ctx.state[state_key]`) on its own train and validation split."""
     if not eval_due(round, run):

@@ -18,9 +18,9 @@ import numpy as np
 import torch
 
 from rayfl.algorithms.client_eval import evaluate_clients
-from rayfl.algorithms.fedavg import ModelState, check_finite, clients_this_round, evaluate_if_due
 from rayfl.algorithms.kernels import CrossEntropyGrad
 from rayfl.algorithms.local import LocalSchedule, local_sgd
+from rayfl.algorithms.rounds import ModelState, check_finite, clients_this_round, evaluate_if_due
 from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
 from rayfl.engine import ClientContext, Federation
 

@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from rayfl.algorithms.base import eval_due
-from rayfl.algorithms.fedavg import check_finite, clients_this_round, evaluate_if_due
 from rayfl.algorithms.fedmspp import minibatch_gradient
 from rayfl.algorithms.fedrzo_nn import FedRZOState, average, objective_metrics
+from rayfl.algorithms.rounds import check_finite, clients_this_round, evaluate_if_due
 from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
 from rayfl.engine import ClientContext, Federation
 from rayfl.rng import numpy_rng

@@ -22,12 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from rayfl.algorithms.fedavg import check_finite, clients_this_round, round_metrics, weighted_mean
 from rayfl.algorithms.per_fedavg import MAMLConfig, maml_client, maml_payload
 from rayfl.algorithms.personalized_eval import (
     evaluate_personalized_if_due,
     require_client_validation,
 )
+from rayfl.algorithms.rounds import check_finite, clients_this_round, round_metrics, weighted_mean
 from rayfl.config import ConfigError, RunConfig
 from rayfl.engine import ClientResult, Federation
 from rayfl.zo.projection import project_simplex_array as project_simplex

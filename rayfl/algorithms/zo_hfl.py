@@ -29,8 +29,8 @@ import numpy as np
 import torch
 
 from rayfl.algorithms.base import eval_due
-from rayfl.algorithms.fedavg import check_finite, clients_this_round
 from rayfl.algorithms.kernels import CrossEntropyGrad, linear_shape
+from rayfl.algorithms.rounds import check_finite, clients_this_round
 from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
 from rayfl.engine import ClientContext, ClientResult, Federation
 from rayfl.engine.federation import evaluate_arrays

@@ -49,6 +49,7 @@ class TaskInput:
     extra: Any
     budget: float | None
     task: int = -1
+    uploads: Any = None  # the call's rayfl.pipeline.uploads.UploadSpec, for an exact replay
 
 
 @dataclass

@@ -31,6 +31,8 @@ class Checkpoint:
     next_task: int
     pools: list[dict[str, Any]] = field(default_factory=list)
     parts: dict[str, int] = field(default_factory=dict)
+    pipeline: dict[str, Any] | None = None  # the round pipeline's state (adaptive clip, references)
+    callbacks: list[dict[str, Any]] = field(default_factory=list)  # each callback's state_dict
 
 
 def save_checkpoint(run_dir: Location, ckpt: Checkpoint) -> None:

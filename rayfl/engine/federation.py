@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,6 +25,8 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from rayfl.callbacks.base import Callback
+from rayfl.callbacks.runner import CallbackRunner
 from rayfl.config import Config, ConfigError
 from rayfl.data import FederatedDataset
 from rayfl.data.rows import is_file_rows, server_rows
@@ -50,6 +52,7 @@ from rayfl.engine.tasks import (
 from rayfl.models import build_model
 from rayfl.models.metrics import loss_correct_count
 from rayfl.models.params import get_flat, set_flat
+from rayfl.pipeline.server import RoundPipeline
 from rayfl.registry import Plugins
 from rayfl.rng import derive_seed, numpy_rng
 
@@ -97,6 +100,8 @@ class RunInterrupted(KeyboardInterrupt):
 class Federation:
     """Hosts, clock, evaluation and logging for one run."""
 
+    pipeline: RoundPipeline | None = None  # the run's privacy / compression / robust, set in __init__
+
     def __init__(
         self,
         cfg: Config,
@@ -104,6 +109,7 @@ class Federation:
         writer: Any | None = None,
         progress: ProgressFn | None = None,
         resume: Checkpoint | None = None,
+        callbacks: Sequence[Callback] = (),
     ):
         import ray
 
@@ -150,6 +156,9 @@ class Federation:
         self._pooled: dict[int, str] = {}  # host index -> pooled host name
         self._pinned: Path | None = None  # the mapped dataset file's pinned name (rayfl.data.cache)
         self.hosts: list[Any] = []
+        self.pipeline = RoundPipeline.of(cfg, self)  # privacy, compression, robust (None: all off)
+        self.callbacks = CallbackRunner(cfg, self, callbacks)
+        self.stopped_early: dict[str, Any] | None = None  # a callback's stop: the round and why
         self.hosts = self._start_hosts()
         if resume is not None:
             try:
@@ -157,6 +166,7 @@ class Federation:
             except BaseException:  # the hosts (and any pooled ones leased) go with the failed start
                 self.shutdown()
                 raise
+        self.callbacks.start(resumed=resume is not None)
 
     # ------------------------------------------------------------------ set-up
 
@@ -356,6 +366,7 @@ class Federation:
         hosts' work evened out. Not for data the hosts make or read themselves (lazy,
         FileRows)."""
         if (self.cfg.engine.balance != "auto" or len(self.hosts) < 2 or not is_stateless(fn)
+                or (self.pipeline is not None and self.pipeline.keeps_client_state)
                 or getattr(self.dataset, "source", None) is not None or is_file_rows(self.dataset.train_x)):
             return self.by_host(ids)
         sizes = self.client_sizes
@@ -383,6 +394,8 @@ class Federation:
         candidates = self._candidates()
         if len(candidates) == 0:
             raise RuntimeError(f"no trainable client is online at simulated time {self.now:.1f}s; check system.availability")
+        if self.pipeline is not None and self.pipeline.poisson:  # what the privacy accountant assumes
+            return self.pipeline.sample(round, candidates)
         k = min(k, len(candidates))
         picks = k
         if self.cfg.system.policy == "over_selection":
@@ -425,9 +438,13 @@ class Federation:
         self.server_state = state
         return state
 
-    def rounds(self, total: int) -> range:
-        """The server rounds still to run: all of them, or those after a resumed checkpoint."""
-        return range(self.start_round, total)
+    def rounds(self, total: int) -> Iterator[int]:
+        """The server rounds still to run: all of them, or those after a resumed checkpoint,
+        until a callback stops the run (early stopping, a budget)."""
+        for r in range(self.start_round, total):
+            if self.stopped_early is not None:
+                return
+            yield r
 
     def advance_version(self) -> int:
         """Count one more global-model version (staleness = versions applied since download)."""
@@ -461,12 +478,14 @@ class Federation:
         sum each instead of one vector per client."""
         import ray
 
-        keep = tuple(keep) if self.cfg.engine.preaggregate == "on" else ()
+        summed = tuple(keep)
+        keep = summed if self.preaggregating else ()
         self._kept_call = None
 
         ids = sorted(int(c) for c in client_ids)
         if not ids:
             return []
+        uploads = self.pipeline.upload_spec(round, summed, ids) if self.pipeline is not None and summed and timed else None
         start = self.clock.now
         sys_cfg = self.cfg.system
         plans = {c: plan_task(self.system, self.seed, c, round, round, start, self.model_version) for c in ids}
@@ -484,7 +503,8 @@ class Federation:
         tasks = self.new_task_ids(ids)
         for c in ids:
             extra = per_client.get(c) if per_client else None
-            self._inputs[tasks[c]] = TaskInput(c, fn, round, payload_ref, extra, budgets.get(c) if budgets else None, tasks[c])
+            self._inputs[tasks[c]] = TaskInput(c, fn, round, payload_ref, extra, budgets.get(c) if budgets else None, tasks[c],
+                                               uploads)
 
         def launch(h: int) -> Any:
             hids = by_host[h]
@@ -492,7 +512,7 @@ class Federation:
             bud = {c: budgets[c] for c in hids} if budgets is not None else None
             mine = {c: tasks[c] for c in hids}
             return self.hosts[h].run.remote(fn, hids, round, payload_ref, sub, bud, mine, self.take_decisions(h), keep,
-                                            foreign[h] or None)
+                                            foreign[h] or None, uploads)
 
         batches, rerun = self.on_hosts(launch, list(by_host), launched=lambda: self.count_dispatch(len(ids)))
         records = sorted((rec for batch in batches for rec in batch), key=lambda r: r["client"])
@@ -515,7 +535,16 @@ class Federation:
             self._kept_call = KeptCall(keep, {r.task: self._inputs[r.task] for r in accepted},
                                        {r.task: r.host for r in accepted})
         self.decide(results)
-        return [r for r in results if r.ok]
+        accepted = [r for r in results if r.ok]
+        if uploads is not None:
+            self.pipeline.after_call(accepted)
+        return accepted
+
+    @property
+    def preaggregating(self) -> bool:
+        """Whether outputs only ever summed stay on the hosts (`engine.preaggregate`)."""
+        mode = self.cfg.engine.preaggregate
+        return mode == "on" or (mode == "auto" and not (self.pipeline is not None and self.pipeline.needs_every_update))
 
     # ------------------------------------------------------------------ state commits
 
@@ -565,7 +594,16 @@ class Federation:
         fixed-point grid (rayfl.engine.exact_sum), so the bits never depend on how clients are
         spread over hosts. Outputs the last `call` kept on the hosts (`keep`, under
         `engine.preaggregate: on`) are summed there, one partial sum per host; the others
-        (pre-aggregation off, the server's own update) here. On and off give the same bits."""
+        (pre-aggregation off, the server's own update) here. On and off give the same bits.
+
+        For an upload the round pipeline handles (rayfl.pipeline), the pipeline's combination
+        instead: robust aggregation, or the clipped sum plus DP noise."""
+        if self.pipeline is not None and key in self.pipeline.keys:
+            return self.pipeline.combine(results, key, list(weights), self._exact_sum)
+        return self._exact_sum(results, key, weights)
+
+    def _exact_sum(self, results: list[ClientResult], key: str, weights: Iterable[float]) -> np.ndarray:
+        """sum_k weights[k] * results[k][key], exactly (see `weighted_sum`)."""
         weights = [float(w) for w in weights]
         values = [r.values[key] for r in results]
         if not values:
@@ -611,7 +649,7 @@ class Federation:
             task_ids = {g.client: t for t, g in group.items()}
             foreign = {c: self._rows_of(c) for c in ids if self.host_of(c) != h} or None  # balanced here
             ray.get(self.hosts[h].run.remote(first.fn, ids, first.key, first.payload_ref, extra, budgets, task_ids,
-                                             None, kept.keep, foreign))
+                                             None, kept.keep, foreign, first.uploads))
             ray.get(self.hosts[h].settle.remote(dict.fromkeys(group, True)))
 
     # ------------------------------------------------------------------ failures
@@ -678,7 +716,8 @@ class Federation:
                 c = given.client
                 extra = {c: given.extra} if given.extra is not None else None
                 budget = {c: given.budget} if given.budget is not None else None
-                waits.append(host.run.remote(given.fn, [c], given.key, given.payload_ref, extra, budget))
+                waits.append(host.run.remote(given.fn, [c], given.key, given.payload_ref, extra, budget,
+                                             uploads=given.uploads))
         ray.get(waits)
         self.hosts[h] = host
 
@@ -757,6 +796,7 @@ class Federation:
                 "rerun": bool(r.extra.get("rerun", False)),
                 "task": r.task,
                 **self.client_tags.get(r.client, {}),
+                **r.extra.get("pipeline", {}),
             }
             loss = r.values.get("loss") if isinstance(r.values, dict) else None
             if isinstance(loss, (int, float, np.floating)):
@@ -796,6 +836,7 @@ class Federation:
             **{f"clients_{k}": v for k, v in self._outcomes.items()},
             "host_failures": self._round_failures,
             **{k: _scalar(v) for k, v in metrics.items()},
+            **(self.pipeline.finish_round(round) if self.pipeline is not None else {}),
         }
         self._round_bytes = 0
         self._outcomes = dict.fromkeys(OUTCOMES, 0)
@@ -810,8 +851,13 @@ class Federation:
                 self.writer.maybe_flush()
         if self.progress is not None:
             self.progress(row)
+        why = self.callbacks.on_round(row)
+        if why is not None:
+            self.stopped_early = {"round": round, "reason": why}
+            if self.writer is not None:
+                self.writer.update_manifest(stopped_early=self.stopped_early)
         every = self.cfg.output.checkpoint_every
-        if self.stop_requested or (every and (round + 1) % every == 0):
+        if self.stop_requested or self.stopped_early is not None or (every and (round + 1) % every == 0):
             self.checkpoint(round)
         if self.stop_requested:
             where = self.writer.run_dir if self.writer is not None else "<run dir>"
@@ -839,6 +885,8 @@ class Federation:
             next_task=self._next_task,
             pools=[pool.snapshot() for pool in self._pools],
             parts=self.writer.part_counts(),
+            pipeline=self.pipeline.state_dict() if self.pipeline is not None else None,
+            callbacks=self.callbacks.state_dict(),
         )
         save_checkpoint(self.writer.location, ckpt)
         self._journal.clear()  # the checkpoint now holds what they changed
@@ -857,14 +905,18 @@ class Federation:
         self.model_version = ckpt.model_version
         self._next_task = ckpt.next_task
         self.start_round = ckpt.round + 1
+        saved = getattr(ckpt, "pipeline", None)
+        if self.pipeline is not None and saved is not None:
+            self.pipeline.load_state_dict(saved)
+        self.callbacks.load_state_dict(getattr(ckpt, "callbacks", None) or [])
 
     def log_eval(self, round: int, metrics: Mapping[str, Any], client: int = -1, split: str = "test") -> None:
         """One row of `evals`: client -1 is the global model."""
-        if self.writer is None:
-            return
         row = {"round": round, "sim_time": self.clock.now, "wall_time": self.wall_time, "client": client, "split": split}
         row.update({k: _scalar(v) for k, v in metrics.items()})
-        self.writer.append("evals", row)
+        if self.writer is not None:
+            self.writer.append("evals", row)
+        self.callbacks.on_eval(row)
 
 
 def initial_model_params(cfg: Config, dataset: FederatedDataset, seed: int) -> np.ndarray:

@@ -32,6 +32,7 @@ from rayfl.engine.exact_sum import KeptValue, fixed_point_sum
 from rayfl.engine.payload import payload_nbytes, to_numpy_tree
 from rayfl.engine.vectorized import BatchedFn, use_batched, vectorize_mode
 from rayfl.models import build_model
+from rayfl.pipeline.uploads import UploadSpec, flip_labels_of, transform_upload
 from rayfl.registry import Plugins
 
 ClientFn = Callable[..., dict]
@@ -110,6 +111,7 @@ class ClientHostImpl:
         settle: Mapping[int, bool] | None = None,
         keep: tuple[str, ...] = (),
         foreign: Mapping[int, tuple[np.ndarray, np.ndarray | None]] | None = None,
+        uploads: UploadSpec | None = None,
     ) -> list[dict[str, Any]]:
         """Run `fn` for each client in `client_ids` (one after another, in id order, or as one
         batch through its registered twin under `engine.vectorize`) and return
@@ -125,14 +127,17 @@ class ClientHostImpl:
         `settle` (task id -> accepted) applies the driver's earlier decisions first.
 
         `keep` (pre-aggregation; needs `task_ids`): these output arrays stay here, replaced in
-        the record by a `KeptValue`, until `reduce` sums them or the host's next `run`."""
+        the record by a `KeptValue`, until `reduce` sums them or the host's next `run`.
+
+        `uploads` (rayfl.pipeline.uploads) transforms each answer's model-shaped keys on the
+        way out (compression with error feedback, clipping, local noise) before any is kept."""
         if settle:
             self.settle(settle)
         self.kept.clear()
         order = sorted(client_ids)
         self.foreign = dict(foreign or {})
         try:
-            return self._run(fn, order, round, broadcast, per_client, budgets, task_ids, keep)
+            return self._run(fn, order, round, broadcast, per_client, budgets, task_ids, keep, uploads)
         finally:
             for cid in self.foreign:  # a visiting client leaves nothing behind
                 if not self.states.get(cid):
@@ -142,7 +147,7 @@ class ClientHostImpl:
     def _run(
         self, fn: ClientFn, order: list[int], round: int, broadcast: Mapping[str, Any],
         per_client: Mapping[int, Mapping[str, Any]] | None, budgets: Mapping[int, float] | None,
-        task_ids: Mapping[int, int] | None, keep: tuple[str, ...],
+        task_ids: Mapping[int, int] | None, keep: tuple[str, ...], uploads: UploadSpec | None = None,
     ) -> list[dict[str, Any]]:
         for cid in order:
             if cid not in self.client_train and cid not in self.foreign:
@@ -150,13 +155,13 @@ class ClientHostImpl:
         twin = use_batched(self.vectorize, fn, len(order))
         records = None
         if twin is not None:
-            records = self._run_batched(twin, order, round, broadcast, per_client, budgets, task_ids)
+            records = self._run_batched(twin, order, round, broadcast, per_client, budgets, task_ids, uploads)
         if records is None:
             records = []
             for cid in order:
-                state, ctx, extra = self._prepare(cid, round, per_client, budgets)
+                state, ctx, extra = self._prepare(cid, round, per_client, budgets, uploads)
                 out = fn(ctx, **broadcast, **extra)
-                records.append(self._record(fn, cid, ctx, state, out, broadcast, extra, task_ids))
+                records.append(self._record(fn, cid, ctx, state, out, broadcast, extra, task_ids, uploads))
         for rec in records:
             if rec["client"] in self.foreign and rec["state_changed"]:
                 raise RuntimeError(f"client function {getattr(fn, '__name__', fn)} is marked stateless "
@@ -186,11 +191,14 @@ class ClientHostImpl:
         return fixed_point_sum(terms, exponent, terms[0][0].shape if terms else (0,))
 
     def _prepare(
-        self, cid: int, round: int, per_client: Mapping[int, Mapping[str, Any]] | None, budgets: Mapping[int, float] | None
+        self, cid: int, round: int, per_client: Mapping[int, Mapping[str, Any]] | None, budgets: Mapping[int, float] | None,
+        uploads: UploadSpec | None = None,
     ) -> tuple[dict[str, Any], ClientContext, dict[str, Any]]:
-        """A task's private state copy, its context (with its work budget) and its own payload."""
+        """A task's private state copy, its context (with its work budget) and its own payload
+        (a Byzantine client of a data attack sees its labels flipped)."""
         state = copy_state(self.states[cid])
         ctx = self._context(cid, round, state)
+        ctx.y = flip_labels_of(ctx.y, uploads, cid)
         if budgets is not None and cid in budgets:
             ctx.work.budget_flops = budgets[cid]
         extra = dict(per_client.get(cid, {})) if per_client else {}
@@ -205,10 +213,11 @@ class ClientHostImpl:
         per_client: Mapping[int, Mapping[str, Any]] | None,
         budgets: Mapping[int, float] | None,
         task_ids: Mapping[int, int] | None,
+        uploads: UploadSpec | None = None,
     ) -> list[dict[str, Any]] | None:
         """All of `order`'s tasks through the algorithm's batched twin (rayfl.engine.vectorized);
         None when the twin declines this batch (the caller then loops, on fresh contexts)."""
-        prepared = [self._prepare(cid, round, per_client, budgets) for cid in order]
+        prepared = [self._prepare(cid, round, per_client, budgets, uploads) for cid in order]
         with vectorize_mode(self.vectorize):
             outs = twin([ctx for _, ctx, _ in prepared], [{**broadcast, **extra} for _, _, extra in prepared])
         if outs is None:
@@ -216,7 +225,7 @@ class ClientHostImpl:
         if len(outs) != len(order):
             raise ValueError(f"batched client function {getattr(twin, '__name__', twin)} returned {len(outs)} results for {len(order)} clients")
         return [
-            self._record(twin, cid, ctx, state, out, broadcast, extra, task_ids)
+            self._record(twin, cid, ctx, state, out, broadcast, extra, task_ids, uploads)
             for cid, (state, ctx, extra), out in zip(order, prepared, outs, strict=True)
         ]
 
@@ -230,11 +239,15 @@ class ClientHostImpl:
         broadcast: Mapping[str, Any],
         extra: Mapping[str, Any],
         task_ids: Mapping[int, int] | None,
+        uploads: UploadSpec | None = None,
     ) -> dict[str, Any]:
         """Stage (or commit) the task's state and describe what it did and sends."""
         if not isinstance(out, Mapping):
             raise TypeError(f"client function {getattr(fn, '__name__', fn)} must return a dict")
         values = to_numpy_tree(dict(out))
+        upload = None
+        if uploads is not None:
+            values, upload = transform_upload(values, state, uploads, cid, ctx.round, self.seed)
         changed = not same_state(state, self.states[cid])
         if task_ids is None:
             self.states[cid] = state
@@ -249,9 +262,10 @@ class ClientHostImpl:
             "backward_samples": ctx.work.backward_samples,
             "local_steps": ctx.work.steps,
             "truncated": ctx.work.truncated,
-            "bytes_up": payload_nbytes(values),
+            "bytes_up": payload_nbytes(values) if upload is None else upload.bytes_up,
             "bytes_down": payload_nbytes(broadcast) + payload_nbytes(extra),
             "state_changed": changed,
+            "pipeline": {} if upload is None else upload.row(),
         }
 
     def settle(self, decisions: Mapping[int, bool]) -> None:

@@ -115,6 +115,7 @@ def settle(plan: TaskPlan, rec: dict[str, Any], system: SystemModel, round: int)
         state_changed=rec.get("state_changed", True),
         seq=plan.seq,
         round=round,
+        extra={"pipeline": rec["pipeline"]} if rec.get("pipeline") else {},
     )
 
 

@@ -20,7 +20,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from rayfl.config import ConfigError
+from rayfl.errors import ConfigError
 
 # A rule after its parameters are bound: (stack [n, d], normalized weights or None) -> [d].
 Rule = Callable[[np.ndarray, np.ndarray | None], np.ndarray]

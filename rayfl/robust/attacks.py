@@ -17,7 +17,7 @@ from typing import Literal, TypeVar, get_args
 import numpy as np
 from numpy.typing import ArrayLike
 
-from rayfl.config import ConfigError
+from rayfl.errors import ConfigError
 
 AttackName = Literal[
     "none", "sign_flip", "random_sign", "gaussian", "constant", "alie", "ipm", "label_flip"

@@ -39,14 +39,15 @@ class ByzantineServer:
             return None
         return {c: {"byzantine": True} for c in ids if c in self.byzantine}
 
-    def vectors(self, results: list[Any], key: str, round: int) -> np.ndarray:
+    def vectors(self, results: list[Any], key: str, round: int, stream: str = "") -> np.ndarray:
         """The [n, d] stack the server receives, in client-id order: honest uploads as sent,
-        Byzantine rows replaced by the attack's crafted vectors."""
+        Byzantine rows replaced by the attack's crafted vectors. `stream` names a second
+        upload of the same round (its own random stream)."""
         stack = np.stack([np.asarray(r[key], dtype=np.float64) for r in results])
         bad = np.array([r.client in self.byzantine for r in results], dtype=bool)
         if bad.any() and self.attack.name not in ("none", "label_flip"):
             honest = stack[~bad] if (~bad).any() else stack
-            rng = numpy_rng(self.seed, "byzantine.attack", round)
+            rng = numpy_rng(self.seed, "byzantine.attack" + stream, round)
             stack[bad] = craft(self.attack, honest, rng, own=stack[bad])
         return stack
 

@@ -1,0 +1,169 @@
+"""The job sections of the round pipeline: `privacy:`, `compression:` and `robust:`.
+
+Each applies to every algorithm whose upload is model-shaped (its config declares `uploads`,
+the keys of its clients' answers the server only ever averages). The checks that need more than
+one section (which algorithm, pre-aggregation, the cohort) live in `check_pipeline`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rayfl.errors import ConfigError
+from rayfl.pipeline.compression import CompressionConfig
+from rayfl.robust.aggregators import RobustConfig
+from rayfl.robust.attacks import AttackConfig
+
+
+@dataclass
+class PrivacyConfig:
+    """Client-level differential privacy (DP-FedAvg, McMahan et al., ICLR 2018).
+
+    Each client's update (every uploaded array together, as one vector) is clipped to L2 norm
+    `clip`. `central`: the server adds Gaussian noise of std `noise_multiplier * clip` once to
+    the sum of the round's clipped updates, and divides by the expected cohort size (every
+    client counts equally: the sensitivity bound needs it). `local`: each client adds that
+    noise to its own clipped update before sending it. Epsilon at `delta` after each round is
+    in the `rounds` table (column `epsilon`), computed by Google's dp-accounting."""
+
+    # off | central | local
+    mode: Literal["off", "central", "local"] = "off"
+    # C: the L2 norm every client's update is clipped to (the initial C with `adaptive`)
+    clip: float = 1.0
+    # z: noise std = z * C. Set this or `target_epsilon`, not both
+    noise_multiplier: float | None = None
+    # calibrate z before the run so that epsilon after run.rounds rounds is this
+    target_epsilon: float | None = None
+    # delta of (epsilon, delta)-DP; null: 1 / num_clients ** 1.1, the paper's choice
+    delta: float | None = None
+    # how the round's clients are drawn, as the accountant assumes: poisson (each client
+    # independently with probability cohort / num_clients) or fixed (exactly the cohort,
+    # without replacement; accounted by RDP only)
+    sampling: Literal["poisson", "fixed"] = "poisson"
+    # rdp (Renyi DP) or pld (privacy loss distributions: tighter, slower, Poisson only)
+    accountant: Literal["rdp", "pld"] = "rdp"
+    # refuse to start a run whose epsilon after run.rounds would exceed this
+    max_epsilon: float | None = None
+    # adaptive clipping (Andrew et al., NeurIPS 2021): C follows the `target_quantile` of the
+    # update norms, C <- C * exp(-clip_lr * (noised fraction of unclipped updates - quantile))
+    adaptive: bool = False
+    target_quantile: float = 0.5
+    clip_lr: float = 0.2
+    # std of the noise on the count of unclipped updates; null: cohort / 20 (the paper's)
+    clip_count_stddev: float | None = None
+
+    @property
+    def on(self) -> bool:
+        return self.mode != "off"
+
+    def validate(self) -> None:
+        _choice("privacy.mode", self.mode, ("off", "central", "local"))
+        _choice("privacy.sampling", self.sampling, ("poisson", "fixed"))
+        _choice("privacy.accountant", self.accountant, ("rdp", "pld"))
+        if not self.on:
+            return
+        _positive("privacy.clip", self.clip)
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise ConfigError("privacy.noise_multiplier", "set exactly one of noise_multiplier and target_epsilon")
+        if self.noise_multiplier is not None:
+            _positive("privacy.noise_multiplier", self.noise_multiplier)
+        if self.target_epsilon is not None:
+            _positive("privacy.target_epsilon", self.target_epsilon)
+        if self.delta is not None and not 0 < self.delta < 1:
+            raise ConfigError("privacy.delta", f"must be in (0, 1), got {self.delta}")
+        if self.max_epsilon is not None:
+            _positive("privacy.max_epsilon", self.max_epsilon)
+        if self.accountant == "pld" and (self.sampling == "fixed" or self.mode == "local"):
+            why = "fixed-size sampling" if self.sampling == "fixed" else "local DP"
+            raise ConfigError("privacy.accountant", f"pld does not account {why} here; use rdp")
+        if self.adaptive:
+            if self.mode != "central":
+                raise ConfigError("privacy.adaptive", "adaptive clipping is for central DP (privacy.mode: central)")
+            if not 0 < self.target_quantile < 1:
+                raise ConfigError("privacy.target_quantile", f"must be in (0, 1), got {self.target_quantile}")
+            _positive("privacy.clip_lr", self.clip_lr)
+            if self.clip_count_stddev is not None:
+                _positive("privacy.clip_count_stddev", self.clip_count_stddev)
+
+
+@dataclass
+class RobustSection:
+    """Byzantine clients and a robust aggregator, for any algorithm with a model-shaped upload.
+
+    `attack`: who is Byzantine (`count` or `fraction` of all clients, fixed for the run from its
+    seed) and what they send (rayfl.robust.attacks: sign_flip, random_sign, gaussian, constant,
+    alie, ipm, label_flip). `aggregator`: what replaces the server's weighted mean
+    (rayfl.robust.aggregators: median, trimmed_mean, krum, multi_krum, geometric_median,
+    centered_clipping; `mean` keeps the algorithm's own average, to measure an attack)."""
+
+    aggregator: RobustConfig = field(default_factory=RobustConfig)
+    attack: AttackConfig = field(default_factory=AttackConfig)
+
+    @property
+    def on(self) -> bool:
+        return self.aggregator.name != "mean" or self.aggregator.bucket_size != 1 or self.attack.name != "none"
+
+    @property
+    def needs_every_update(self) -> bool:
+        """A non-linear rule (or an omniscient attack) reads each client's vector."""
+        return self.on
+
+    def validate(self) -> None:
+        self.aggregator.validate_as("robust.aggregator")
+        self.attack.validate_as("robust.attack")
+
+
+def active(cfg: Any) -> list[str]:
+    """The pipeline sections a config turns on, by name."""
+    on = []
+    if cfg.privacy.on:
+        on.append("privacy")
+    if cfg.compression.name != "none":
+        on.append("compression")
+    if cfg.robust.on:
+        on.append("robust")
+    return on
+
+
+def check_pipeline(cfg: Any) -> None:
+    """Checks across sections, before anything runs: the algorithm must upload something
+    model-shaped; robust aggregation needs every update (no host pre-aggregation); some
+    combinations have no sound meaning and are refused."""
+    sections = active(cfg)
+    if not sections:
+        return
+    first = sections[0]
+    alg = cfg.algorithm
+    uploads = tuple(getattr(type(alg), "uploads", ()))
+    if not uploads:
+        raise ConfigError(first, f"algorithm {alg.name!r} declares no model-shaped upload (`uploads` on its config class), "
+                                 "so the round pipeline cannot transform it; it works with fedavg, fedprox, scaffold, ditto, fedbuff "
+                                 "and any algorithm that declares `uploads`")
+    if getattr(alg, "server_as_client", False):
+        raise ConfigError("algorithm.server_as_client", f"the server's own update would bypass {first}; set it to false")
+    if cfg.robust.on and cfg.engine.preaggregate == "on":
+        raise ConfigError("engine.preaggregate", "robust aggregation needs every client's update on the server; "
+                                                 "set engine.preaggregate to auto or off")
+    if cfg.robust.on and cfg.privacy.on:
+        raise ConfigError("robust", "robust aggregation and differential privacy are not combined (the noise "
+                                    "calibration assumes a sum of clipped updates)")
+    if cfg.privacy.mode == "local" and cfg.compression.name != "none":
+        raise ConfigError("compression.name", "local DP adds dense noise to each upload; it is not combined with compression")
+    if cfg.privacy.on and alg.participation is None and alg.clients_per_round is None:
+        raise ConfigError("privacy", "needs a cohort size: set algorithm.clients_per_round or algorithm.participation")
+    if cfg.privacy.on and cfg.privacy.sampling == "poisson" and cfg.system.policy == "over_selection":
+        raise ConfigError("privacy.sampling", "over-selection draws a fixed number of clients; use sampling: fixed")
+
+
+def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(key, f"unknown {value!r}; allowed: {', '.join(allowed)}")
+
+
+def _positive(key: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(key, f"must be a number > 0, got {value!r}")
+
+
+__all__ = ["CompressionConfig", "PrivacyConfig", "RobustSection", "active", "check_pipeline"]

@@ -1,0 +1,112 @@
+"""What happens to a client's answer between its client function and the network, on its host.
+
+In order, on each model-shaped key the algorithm declares (`AlgorithmConfig.uploads`):
+
+1. compression, with error feedback: the residual of what was not sent is the client's state
+   (`pipeline.residual.<key>`), so it is staged with the task and committed only when the
+   server accepts it, checkpointed, and replayed after a host failure like any client state;
+2. clipping to `clip` in L2 norm, over every uploaded key together (one client, one vector: the
+   sensitivity bound of client-level DP);
+3. local DP noise, N(0, std^2) per coordinate.
+
+Every draw comes from (run seed, purpose, round, client), so a task gives the same bits on any
+host, in any order, and when re-run. The answer's `bytes_up` becomes the encoded size."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rayfl.engine.payload import payload_nbytes
+from rayfl.pipeline.compression import CompressionConfig, with_error_feedback
+from rayfl.rng import numpy_rng
+
+RESIDUAL = "pipeline.residual."
+
+
+@dataclass(frozen=True)
+class UploadSpec:
+    """The client-side half of one call's pipeline: which keys, and what to do to them.
+
+    `clip` is this round's bound (adaptive clipping moves it between rounds), `local_noise_std`
+    the std of local DP noise (0: none), `flip_labels` the Byzantine clients whose labels a
+    data attack flips in this call, out of `num_classes`."""
+
+    keys: tuple[str, ...]
+    compression: CompressionConfig | None = None
+    clip: float | None = None
+    local_noise_std: float = 0.0
+    flip_labels: frozenset[int] = frozenset()
+    num_classes: int = 0
+
+
+@dataclass
+class UploadInfo:
+    """What the transform did to one answer: its norm before clipping, whether it was clipped,
+    and the bytes it takes on the wire."""
+
+    norm: float | None
+    clipped: bool | None
+    bytes_up: int
+
+    def row(self) -> dict[str, Any]:
+        """The `clients` columns it adds."""
+        out: dict[str, Any] = {}
+        if self.norm is not None:
+            out["update_norm"] = self.norm
+            out["clipped"] = bool(self.clipped)
+        return out
+
+
+def transform_upload(
+    values: dict[str, Any], state: dict[str, Any], spec: UploadSpec, client: int, round: int, seed: int
+) -> tuple[dict[str, Any], UploadInfo]:
+    """`values` as the client sends them (a new dict; arrays not transformed are shared), with
+    the error-feedback residuals updated in `state` (the task's private copy)."""
+    out = dict(values)
+    keys = [k for k in spec.keys if isinstance(out.get(k), np.ndarray)]
+    encoded: dict[str, int] = {}
+    if spec.compression is not None and spec.compression.name != "none":
+        for key in keys:
+            rng = numpy_rng(seed, f"compression.{key}", round, client)
+            shape = out[key].shape
+            sent, residual = with_error_feedback(out[key].ravel(), _residual(state, key), spec.compression, rng)
+            out[key] = sent.values.reshape(shape)
+            encoded[key] = sent.nbytes
+            if residual is not None:
+                state[RESIDUAL + key] = residual
+    norm = clipped = None
+    if spec.clip is not None and keys:
+        norm = joint_norm([out[k] for k in keys])
+        clipped = norm > spec.clip
+        if clipped:
+            factor = spec.clip / norm
+            for key in keys:
+                out[key] = (out[key].astype(np.float64) * factor).astype(out[key].dtype)
+    if spec.local_noise_std > 0:
+        for key in keys:
+            rng = numpy_rng(seed, f"privacy.local.{key}", round, client)
+            noise = rng.normal(0.0, spec.local_noise_std, size=out[key].shape)
+            out[key] = (out[key].astype(np.float64) + noise).astype(out[key].dtype)
+    others = {k: v for k, v in out.items() if k not in encoded}
+    return out, UploadInfo(None if norm is None else float(norm), clipped, payload_nbytes(others) + sum(encoded.values()))
+
+
+def joint_norm(arrays: list[np.ndarray]) -> float:
+    """The L2 norm of the arrays taken as one vector, in float64."""
+    return float(np.sqrt(sum(float(np.dot(a.ravel().astype(np.float64), a.ravel().astype(np.float64))) for a in arrays)))
+
+
+def flip_labels_of(y: Any, spec: UploadSpec | None, client: int) -> Any:
+    """A data attack's labels: c -> num_classes - 1 - c for a Byzantine client, else `y`."""
+    if spec is None or client not in spec.flip_labels:
+        return y
+    return spec.num_classes - 1 - y
+
+
+def _residual(state: Mapping[str, Any], key: str) -> np.ndarray | None:
+    value = state.get(RESIDUAL + key)
+    return None if value is None else np.asarray(value)
