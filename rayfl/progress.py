@@ -33,6 +33,8 @@ class RoundProgress:
         post = {"sim": format_seconds(row["sim_time"]), "wall": format_seconds(row["wall_time"])}
         if self.last_accuracy is not None:
             post["acc"] = f"{self.last_accuracy:.4f}"
+        if row.get("epsilon") is not None:  # a private run: what it has spent so far
+            post["eps"] = f"{float(row['epsilon']):.3g}"
         self.bar.set_postfix(post, refresh=False)
         self.bar.update(row["round"] + 1 - self.bar.n)
 

@@ -21,6 +21,7 @@ from rayfl.pipeline.server import mechanism
 from rayfl.results import load
 from rayfl.runner import resume_experiment, run_experiment
 
+FEDBUFF = ["algorithm.name=fedbuff", "algorithm.concurrency=6", "algorithm.buffer_size=3", "run.rounds=9"]
 PIPELINES = {
     "dp": ["privacy.mode=central", "privacy.noise_multiplier=1.2", "privacy.clip=0.5", "privacy.delta=1e-3"],
     "dp-adaptive": ["privacy.mode=central", "privacy.noise_multiplier=1.2", "privacy.clip=0.5", "privacy.adaptive=true",
@@ -28,6 +29,11 @@ PIPELINES = {
     "topk-ef": ["compression.name=topk", "compression.ratio=0.05"],
     "qsgd": ["compression.name=qsgd", "compression.levels=4"],
     "median-signflip": ["robust.aggregator.name=median", "robust.attack.name=sign_flip", "robust.attack.count=2"],
+    "scaffold-trimmed-alie": ["algorithm.name=scaffold", "robust.aggregator.name=trimmed_mean", "robust.aggregator.trim=1",
+                              "robust.attack.name=alie", "robust.attack.count=2"],
+    "fedbuff-median-signflip": [*FEDBUFF, "robust.aggregator.name=median", "robust.attack.name=sign_flip",
+                                "robust.attack.count=2"],
+    "fedbuff-topk-ef": [*FEDBUFF, "compression.name=topk", "compression.ratio=0.05"],
 }
 
 
@@ -52,7 +58,7 @@ def test_one_and_two_hosts_give_identical_tables(ray_local, results_dir, name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["dp-adaptive", "topk-ef", "median-signflip"])
+@pytest.mark.parametrize("name", ["dp-adaptive", "topk-ef", "median-signflip", "fedbuff-median-signflip"])
 def test_sigterm_then_resume_equals_the_uninterrupted_run(ray_local, results_dir, name):
     extra = [*PIPELINES[name], "algorithm.name=scaffold"] if name == "topk-ef" else PIPELINES[name]
     whole = run(results_dir, f"{name}-whole", *extra)
@@ -99,7 +105,7 @@ UPLOADING = sorted(name for name, _, config, _ in BUILTIN if algorithm_config_cl
 
 
 def test_the_pipeline_covers_the_model_shaped_algorithms():
-    assert {"fedavg", "fedprox", "scaffold", "ditto", "fedavg_adapt"} <= set(UPLOADING)
+    assert {"fedavg", "fedprox", "scaffold", "ditto", "fedavg_adapt", "fedbuff"} <= set(UPLOADING)
 
 
 @pytest.mark.parametrize("name", UPLOADING)
@@ -107,6 +113,7 @@ def test_every_algorithm_declaring_uploads_sends_them_through_the_pipeline(ray_l
     """An algorithm that declares `uploads` but never hands them to fed.call(keep=...) and
     fed.weighted_sum would silently skip privacy: its bytes would stay dense."""
     extra = ["partition.client_test=proportional"] if name in ("ditto", "fedavg_adapt") else []
+    extra += FEDBUFF[1:] if name == "fedbuff" else []
     res = run(results_dir, name, f"algorithm.name={name}", "run.rounds=2", "compression.name=sign", *extra)
     d = int(res.manifests["num_params"].iloc[0])
     train = res.clients[(res.clients["phase"] == "train")]
@@ -117,4 +124,6 @@ def test_algorithms_without_uploads_refuse_the_pipeline():
     from rayfl.config import load_config
 
     with pytest.raises(ConfigError, match="declares no model-shaped upload"):
-        load_config(None, ["algorithm.name=fedbuff", "robust.aggregator.name=median"])
+        load_config(None, ["algorithm.name=fedasync", "robust.aggregator.name=median"])
+    with pytest.raises(ConfigError, match="no sampled cohort"):
+        load_config(None, ["algorithm.name=fedbuff", "privacy.mode=central", "privacy.noise_multiplier=1"])

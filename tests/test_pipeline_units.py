@@ -96,7 +96,8 @@ def test_central_noise_has_std_noise_multiplier_times_clip():
                  "algorithm.clients_per_round=10", "privacy.sampling=fixed")
     draws = []
     for r in range(40):
-        p.upload_spec(r, ("delta",), list(range(10)))
+        p.round = r
+        p.upload_spec(("delta",), list(range(10)))
         out = p.combine(as_results([np.zeros(500)] * 4), "delta", [0.25] * 4, plain_sum)
         draws.append(out * p.cohort)  # (sum + noise) / m with sum 0
     noise = np.concatenate(draws)
@@ -108,7 +109,7 @@ def test_central_noise_has_std_noise_multiplier_times_clip():
 
 def test_central_dp_weights_every_client_equally_over_the_expected_cohort():
     p = pipeline("privacy.mode=central", "privacy.noise_multiplier=1.0", "algorithm.clients_per_round=4", "privacy.sampling=fixed")
-    p.upload_spec(0, ("delta",), [0, 1, 2])
+    p.upload_spec(("delta",), [0, 1, 2])
     vs = [np.full(3, 1.0), np.full(3, 2.0), np.full(3, 6.0)]
     out = p.combine(as_results(vs), "delta", [0.7, 0.2, 0.1], plain_sum)
     noise = numpy_rng(p.seed, "privacy.noise.delta", 0).normal(0.0, 1.0, size=3)
@@ -157,13 +158,13 @@ def test_target_epsilon_calibrates_the_noise_and_max_epsilon_refuses_to_start():
 
 def test_robust_median_replaces_the_mean_and_an_attack_is_crafted_into_the_stack():
     p = pipeline("robust.aggregator.name=median", "algorithm.clients_per_round=5", num_clients=6)
-    p.upload_spec(0, ("delta",), list(range(5)))
+    p.upload_spec(("delta",), list(range(5)))
     vs = [np.array([1.0]), np.array([2.0]), np.array([3.0]), np.array([100.0]), np.array([4.0])]
     assert p.combine(as_results(vs), "delta", [0.2] * 5, plain_sum) == pytest.approx([3.0])
     q = pipeline("robust.attack.name=sign_flip", "robust.attack.count=1", "robust.attack.scale=10",
                  "algorithm.clients_per_round=6", num_clients=6)
     (bad,) = q.byzantine.byzantine
-    q.upload_spec(0, ("delta",), list(range(6)))
+    q.upload_spec(("delta",), list(range(6)))
     res = [Result(client=c, values={"delta": np.array([1.0])}, extra={}) for c in range(6)]
     out = q.combine(res, "delta", [1 / 6] * 6, plain_sum)
     assert out == pytest.approx([(5 * 1.0 - 10.0) / 6])  # the mean, with the attacker's -10 in it

@@ -411,3 +411,33 @@ def test_killed_hosts_replay_the_user_code_to_the_failure_free_tables(package: P
     assert hurt.clients["rerun"].any()
     for table in ("rounds", "clients", "evals"):
         pd.testing.assert_frame_equal(comparable(getattr(clean, table)), comparable(getattr(hurt, table)), check_like=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pipeline", [("compression.name=topk", "compression.ratio=0.05"),
+                                      ("privacy.mode=central", "privacy.noise_multiplier=1.0", "privacy.clip=0.5")],
+                         ids=["topk-ef", "dp"])
+def test_the_round_pipeline_applies_to_the_users_algorithm(package: Path, pipeline: tuple[str, ...]) -> None:
+    """FedNova declares `uploads`: compression with error feedback (client state) or central DP
+    apply to it as to a built-in, the same for 1 and 2 hosts and with hosts killed mid-run."""
+    from test_host_failures import comparable
+
+    out = package / f"pipeline-{pipeline[0].split('.')[0]}"
+    common = sets(f"output.dir={out}", "engine.num_cpus_per_host=0.5", "engine.max_restarts=10", *pipeline)
+    run_ok("run", "job.yaml", "--quiet", *common, *sets("engine.num_hosts=1", "run.run_id=one"), cwd=package)
+    run_ok("run", "job.yaml", "--quiet", *common, *sets("engine.num_hosts=2", "run.run_id=two"), cwd=package)
+    run_ok("run", "job.yaml", "--quiet", *common, *sets("engine.num_hosts=2", "run.run_id=killed", "engine.kill_host_every=7"),
+           cwd=package)
+    one, two, hurt = (load(out / "fednova_femnist" / r) for r in ("one", "two", "killed"))
+    assert hurt.rounds["host_failures"].sum() >= 1
+    for other in (two, hurt):
+        for table in ("rounds", "clients", "evals"):
+            pd.testing.assert_frame_equal(comparable(getattr(one, table)).drop(columns=["host"], errors="ignore"),
+                                          comparable(getattr(other, table)).drop(columns=["host"], errors="ignore"),
+                                          check_like=True)
+    train = two.clients[two.clients["phase"] == "train"]
+    if pipeline[0].startswith("compression"):
+        d = int(two.manifests["num_params"].iloc[0])
+        assert (train["bytes_up"] < d).all()  # a twentieth of the coordinates, 8 bytes each
+    else:
+        assert two.rounds["epsilon"].is_monotonic_increasing and train["update_norm"].notna().all()

@@ -26,7 +26,8 @@ class AsyncConfig(FedAvgConfig):
     1 / (a (t - b) + 1) (Xie et al. 2019, section 5.2). Updates staler than `max_staleness`
     are discarded (bounded staleness; null keeps all). `run.rounds` counts server updates."""
 
-    uploads: ClassVar[tuple[str, ...]] = ()  # the round pipeline is for synchronous rounds here
+    uploads: ClassVar[tuple[str, ...]] = ()  # each arrival is applied alone: nothing to aggregate
+    asynchronous: ClassVar[bool] = True  # no sampling a privacy accountant could assume
 
     concurrency: int = 10
     staleness: Literal["constant", "polynomial", "hinge"] = "polynomial"
@@ -68,6 +69,8 @@ class FedBuffConfig(AsyncConfig):
     deltas, each scaled by s(staleness) (the paper: 1 / sqrt(1 + t), i.e. polynomial a = 0.5),
     and then steps x <- x + server_lr * (sum of scaled deltas) / buffer_size. The paper uses
     K = 10 with concurrency 100-1000."""
+
+    uploads: ClassVar[tuple[str, ...]] = ("delta",)  # the buffer is a weighted sum of them
 
     name: str = "fedbuff"
     buffer_size: int = 10
@@ -130,7 +133,7 @@ class Dispatcher:
             self.pool.submit(
                 client, fedavg_client, params=x, lr=self.cfg.lr, schedule=self.schedule,
                 weight_decay=self.cfg.weight_decay, prox_mu=0.0,
-                min_backward_samples=promised_samples(self.schedule, int(self.sizes[client])),
+                min_backward_samples=promised_samples(self.schedule, int(self.sizes[client])), keep=type(self.cfg).uploads,
             )
 
     def next_update(self, x: np.ndarray) -> ClientResult:
@@ -174,10 +177,8 @@ def run_fedbuff(fed: Federation, cfg: FedBuffConfig, run: RunConfig) -> dict[str
     metrics: dict[str, Any] = {}
     for r in fed.rounds(run.rounds):
         buffer = [disp.next_update(s.x) for _ in range(cfg.buffer_size)]
-        step = np.zeros_like(s.x, dtype=np.float64)
-        for res in buffer:  # arrival order: deterministic
-            step += staleness_weight(cfg, res.staleness) * res["delta"].astype(np.float64)
-        s.x = (s.x + cfg.server_lr * step / cfg.buffer_size).astype(np.float32)
+        step = fed.weighted_sum(buffer, "delta", [staleness_weight(cfg, res.staleness) / cfg.buffer_size for res in buffer])
+        s.x = (s.x + cfg.server_lr * step).astype(np.float32)
         check_finite(s.x, r)
         fed.advance_version()
         disp.forget_old_versions()

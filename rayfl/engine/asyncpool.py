@@ -66,6 +66,7 @@ class TaskSpec:
     min_forward: int
     min_backward: int
     task: int
+    uploads: Any = None  # the round pipeline's UploadSpec (rayfl.pipeline.uploads), if any
 
 
 @dataclass
@@ -108,13 +109,16 @@ class AsyncPool:
         phase: str = "train",
         min_forward_samples: int = 0,
         min_backward_samples: int = 0,
+        keep: tuple[str, ...] = (),
         **payload: Any,
     ) -> int:
         """Dispatch `fn` on `client` now (simulated) against model version `fed.model_version`.
 
         `min_*_samples` promise work the client will certainly do (e.g. local steps x batch);
         the tighter the promise, the more tasks run in parallel. A broken promise raises.
-        `round` keys the client's random streams; by default each task gets its own."""
+        `round` keys the client's random streams; by default each task gets its own.
+        `keep` names the model-shaped outputs the server only sums (`fed.weighted_sum`): the
+        round pipeline (privacy, compression, robust) transforms them on the host."""
 
         fed = self.fed
         seq = self._seq
@@ -122,7 +126,8 @@ class AsyncPool:
         key = seq if round is None else round
         plan = plan_task(fed.system, fed.seed, client, seq, key, fed.now, fed.model_version)
         task = fed.new_task_ids([client])[client]
-        spec = TaskSpec(plan, fn, payload, key, phase, min_forward_samples, min_backward_samples, task)
+        uploads = fed.pipeline.upload_spec(tuple(keep), [client]) if fed.pipeline is not None and keep else None
+        spec = TaskSpec(plan, fn, payload, key, phase, min_forward_samples, min_backward_samples, task, uploads)
         self._launch(spec)
         return seq
 
@@ -131,8 +136,10 @@ class AsyncPool:
         client = spec.plan.client
         h = int(fed.host_of(client))
         ref = self._payload_ref(spec.payload)
-        fed.remember_input(spec.task, TaskInput(client, spec.fn, spec.key, ref, None, None))
-        future = fed.hosts[h].run.remote(spec.fn, [client], spec.key, ref, None, None, {client: spec.task}, fed.take_decisions(h))
+        uploads = getattr(spec, "uploads", None)  # a checkpoint from before the pipeline has none
+        fed.remember_input(spec.task, TaskInput(client, spec.fn, spec.key, ref, None, None, spec.task, uploads))
+        future = fed.hosts[h].run.remote(spec.fn, [client], spec.key, ref, None, None, {client: spec.task}, fed.take_decisions(h),
+                                         uploads=uploads)
         min_flops = fed.system.flops(spec.min_forward, spec.min_backward)
         bound = lower_bound_finish(spec.plan, fed.system, payload_nbytes(spec.payload), min_flops)
         self._specs[spec.plan.seq] = spec

@@ -485,7 +485,10 @@ class Federation:
         ids = sorted(int(c) for c in client_ids)
         if not ids:
             return []
-        uploads = self.pipeline.upload_spec(round, summed, ids) if self.pipeline is not None and summed and timed else None
+        uploads = None
+        if self.pipeline is not None and summed and timed:
+            self.pipeline.round = round
+            uploads = self.pipeline.upload_spec(summed, ids)
         start = self.clock.now
         sys_cfg = self.cfg.system
         plans = {c: plan_task(self.system, self.seed, c, round, round, start, self.model_version) for c in ids}
@@ -906,8 +909,10 @@ class Federation:
         self._next_task = ckpt.next_task
         self.start_round = ckpt.round + 1
         saved = getattr(ckpt, "pipeline", None)
-        if self.pipeline is not None and saved is not None:
-            self.pipeline.load_state_dict(saved)
+        if self.pipeline is not None:
+            self.pipeline.round = self.start_round
+            if saved is not None:
+                self.pipeline.load_state_dict(saved)
         self.callbacks.load_state_dict(getattr(ckpt, "callbacks", None) or [])
 
     def log_eval(self, round: int, metrics: Mapping[str, Any], client: int = -1, split: str = "test") -> None:

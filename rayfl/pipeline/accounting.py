@@ -22,8 +22,11 @@ Neighbouring relations and the factor 2:
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -82,6 +85,29 @@ class Mechanism:
         return 1.0
 
 
+@contextlib.contextmanager
+def _quiet_orders() -> Iterator[None]:
+    """dp-accounting logs a warning for each fractional RDP order whose series does not
+    converge (small noise, large rates) and leaves that order out: the epsilon stays a valid
+    bound, so the warning only floods a run's output."""
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        absl.setLevel(level)
+
+
+def _quietly(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+        with _quiet_orders():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
 def _effective_z(m: Mechanism) -> float:
     """Noise multiplier of the Gaussian event, relative to the L2 sensitivity the event assumes."""
     if m.sampling in ("fixed", "local"):
@@ -124,6 +150,7 @@ def _check_rounds(rounds: int) -> None:
         raise ValueError(f"rounds must be >= 0, got {rounds}")
 
 
+@_quietly
 def epsilon(
     m: Mechanism, rounds: int, delta: float, accountant: AccountantKind = "rdp"
 ) -> float:
@@ -140,6 +167,7 @@ def epsilon(
     return float(acc.compose(dp_event(m, rounds)).get_epsilon(delta))
 
 
+@_quietly
 def epsilons(
     m: Mechanism, rounds: int, delta: float, accountant: AccountantKind = "rdp"
 ) -> list[float]:
@@ -202,6 +230,7 @@ def _bracket(eps_of: Callable[[float], float], target: float) -> tuple[float, fl
     raise ValueError(f"no noise multiplier in [2^-64, 2^64] reaches epsilon {target}")
 
 
+@_quietly
 def calibrate_noise(
     m: Mechanism,
     rounds: int,

@@ -138,8 +138,11 @@ def check_pipeline(cfg: Any) -> None:
     uploads = tuple(getattr(type(alg), "uploads", ()))
     if not uploads:
         raise ConfigError(first, f"algorithm {alg.name!r} declares no model-shaped upload (`uploads` on its config class), "
-                                 "so the round pipeline cannot transform it; it works with fedavg, fedprox, scaffold, ditto, fedbuff "
-                                 "and any algorithm that declares `uploads`")
+                                 "so the round pipeline cannot transform it; it works with fedavg, fedprox, scaffold, fedavg_adapt, ditto, "
+                                 "fedbuff and any algorithm that declares `uploads`")
+    if cfg.privacy.on and getattr(type(alg), "asynchronous", False):
+        raise ConfigError("privacy", f"{alg.name} applies updates as they arrive, with no sampled cohort a privacy "
+                                     "accountant could assume; use a synchronous algorithm")
     if getattr(alg, "server_as_client", False):
         raise ConfigError("algorithm.server_as_client", f"the server's own update would bypass {first}; set it to false")
     if cfg.robust.on and cfg.engine.preaggregate == "on":

@@ -46,7 +46,6 @@ class RoundStats:
     """What this round's upload calls told the server, for its `rounds` row."""
 
     norms: list[float] = field(default_factory=list)
-    clip: float | None = None
 
 
 def cohort_size(cfg: Any, num_clients: int) -> int:
@@ -103,7 +102,7 @@ class RoundPipeline:
         self.state = PipelineState()
         self.stats = RoundStats()
         self.keys: tuple[str, ...] = ()
-        self.round = -1
+        self.round = 0  # the server round in progress (its random streams); the Federation sets it
         self.cohort = cohort_size(cfg, self.num_clients)
         self.z = self.delta = self.planned_epsilon = 0.0
         self._epsilons: dict[int, float] = {}
@@ -152,10 +151,9 @@ class RoundPipeline:
     def needs_every_update(self) -> bool:
         return self.robust is not None
 
-    def upload_spec(self, round: int, keys: tuple[str, ...], ids: list[int]) -> UploadSpec:
-        """What hosts do to this call's answers; also starts the round's bookkeeping."""
-        if round != self.round:
-            self.round, self.stats = round, RoundStats(clip=self.state.clip)
+    def upload_spec(self, keys: tuple[str, ...], ids: list[int]) -> UploadSpec:
+        """What hosts do to the answers of a call on `ids` (their own random streams come from
+        each task's round and client, so this needs no round)."""
         self.keys = keys
         flip: frozenset[int] = frozenset()
         if self.byzantine is not None and self.cfg.robust.attack.data_attack:
@@ -226,17 +224,18 @@ class RoundPipeline:
 
     def finish_round(self, round: int) -> dict[str, Any]:
         """The round's pipeline columns, and adaptive clipping's step for the next round."""
+        norms = np.asarray(self.stats.norms, dtype=np.float64)
+        self.round, self.stats = round + 1, RoundStats()
         if self.privacy is None:
             return {}
-        norms = np.asarray(self.stats.norms, dtype=np.float64)
-        clip = self.stats.clip if self.stats.clip is not None else self.state.clip
+        clip = self.state.clip  # what this round clipped to: it moves only below
         row: dict[str, Any] = {
             "epsilon": self.epsilon_after(round + 1),
             "dp_clip": clip,
             "dp_clipped_fraction": float(np.mean(norms > clip)) if len(norms) else float("nan"),
             "dp_noise_std": self.noise_std if self.privacy.mode == "central" else self.z * clip,
         }
-        if self.privacy.adaptive and round == self.round:
+        if self.privacy.adaptive:
             self.state.clip = adaptive_clip(clip, norms, self.privacy.target_quantile, self.privacy.clip_lr,
                                             self.cohort, self.clip_count_stddev, numpy_rng(self.seed, "privacy.clip_count", round))
         return row
