@@ -127,3 +127,27 @@ def test_algorithms_without_uploads_refuse_the_pipeline():
         load_config(None, ["algorithm.name=fedasync", "robust.aggregator.name=median"])
     with pytest.raises(ConfigError, match="no sampled cohort"):
         load_config(None, ["algorithm.name=fedbuff", "privacy.mode=central", "privacy.noise_multiplier=1"])
+
+
+def test_a_deadline_budgets_compressed_uploads_by_their_encoded_size(ray_local, results_dir):
+    """Under a deadline with partial work, the time left for computing is the deadline less
+    the transfers: a compressed upload leaves more of it, so clients take more local steps."""
+    slow = ["system.policy=deadline", "system.late_policy=partial", "system.deadline=0.2",
+            "system.up_bandwidth=2.0e+4", "system.speed=1.0e+7", "algorithm.local_steps=50"]
+    dense = run(results_dir, "dense-deadline", *slow)
+    sparse = run(results_dir, "topk-deadline", *slow, "compression.name=topk", "compression.ratio=0.01")
+    steps = [r.clients[r.clients["phase"] == "train"]["local_steps"].mean() for r in (dense, sparse)]
+    assert steps[1] > 2 * steps[0]
+
+
+def test_label_flipping_clients_train_on_flipped_labels_and_nobody_else_does(ray_local, results_dir):
+    """Round 0 starts from the same model: honest clients' local losses equal the attack-free
+    run's, the Byzantine ones' differ (they train on c -> num_classes - 1 - c)."""
+    clean = run(results_dir, "clean", "run.rounds=1")
+    flipped = run(results_dir, "flipped", "run.rounds=1", "robust.attack.name=label_flip", "robust.attack.count=3")
+    bad = set(json.loads(flipped.manifests["pipeline.byzantine"].iloc[0]))
+    a, b = (r.clients[r.clients["phase"] == "train"].set_index("client")["local_loss"] for r in (clean, flipped))
+    honest = [c for c in a.index if c not in bad]
+    attackers = [c for c in a.index if c in bad]
+    assert honest and attackers
+    assert (a[honest] == b[honest]).all() and (a[attackers] != b[attackers]).all()

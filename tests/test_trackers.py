@@ -324,3 +324,27 @@ def test_mlflow_runs_in_one_process_do_not_mix(mlflow_server: str, tmp_path: Pat
     assert history(client, b.run_id, "train_loss") == [(r, pytest.approx(loss(r, 100.0))) for r in range(3)]
     assert client.get_run(b.run_id).info.status == "FAILED"
     assert client.get_run(b.run_id).data.tags["rayfl.run_id"] == "b"
+
+
+def test_a_real_run_mirrors_its_rounds_and_job_to_the_tracking_server(mlflow_server: str, ray_local: Any, tmp_path: Path) -> None:
+    """`callbacks: [{name: mlflow, tracking_uri: ...}]` on a real run: the server holds every
+    round's train_loss as the Parquet `rounds` table has it, and the job as params."""
+    from mlflow.tracking import MlflowClient
+
+    from rayfl.config import build_callbacks, load_config
+    from rayfl.results import load
+    from rayfl.runner import run_experiment
+
+    cfg = load_config(None, ["partition.num_clients=6", "algorithm.clients_per_round=3", "run.rounds=4", "run.eval_every=2",
+                             "algorithm.lr=0.07", "engine.num_hosts=1", f"output.dir={tmp_path}", "run.run_id=tracked"])
+    cfg.callbacks = build_callbacks([{"name": "mlflow", "tracking_uri": mlflow_server, "experiment": "e2e", "flush_secs": 0}])
+    out = run_experiment(cfg)
+    rounds = load(out.run_dir).rounds.sort_values("round")
+    client = MlflowClient(mlflow_server)
+    (run,) = client.search_runs([client.get_experiment_by_name("e2e").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.tags["rayfl.run_id"] == "tracked"
+    assert run.data.params["algorithm.lr"] == "0.07" and run.data.params["run.rounds"] == "4"
+    got = history(client, run.info.run_id, "train_loss")
+    assert [step for step, _ in got] == list(rounds["round"])
+    assert [value for _, value in got] == pytest.approx(list(rounds["train_loss"]), rel=1e-12)
+    assert [step for step, _ in history(client, run.info.run_id, "test_accuracy")] == [1, 3]

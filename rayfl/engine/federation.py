@@ -494,12 +494,14 @@ class Federation:
         plans = {c: plan_task(self.system, self.seed, c, round, round, start, self.model_version) for c in ids}
         budgets = None
         if timed and sys_cfg.policy == "deadline" and sys_cfg.late_policy == "partial":
-            # upload assumed as large as the download (model in, model out) when budgeting
+            # upload assumed as large as the download (model in, model out) when budgeting, or
+            # the encoded size of the model's update when the pipeline compresses it
             base = payload_nbytes(payload)
             budgets = {}
             for c in ids:
                 down = base + (payload_nbytes(per_client.get(c)) if per_client else 0)
-                budgets[c] = self.system.compute_budget(c, sys_cfg.deadline, down, down)
+                up = down if uploads is None else uploads.estimate(self.num_params, down)
+                budgets[c] = self.system.compute_budget(c, sys_cfg.deadline, down, up)
         by_host = self.assign(ids, fn, payload, per_client)
         foreign = {h: {c: self._rows_of(c) for c in hids if self.host_of(c) != h} for h, hids in by_host.items()}
         payload_ref = ray.put(payload)  # shipped once; hosts read it zero-copy

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from rayfl.engine.payload import payload_nbytes
-from rayfl.pipeline.compression import CompressionConfig, with_error_feedback
+from rayfl.pipeline.compression import CompressionConfig, encoded_nbytes, with_error_feedback
 from rayfl.rng import numpy_rng
 
 RESIDUAL = "pipeline.residual."
@@ -41,6 +41,13 @@ class UploadSpec:
     local_noise_std: float = 0.0
     flip_labels: frozenset[int] = frozenset()
     num_classes: int = 0
+
+    def estimate(self, num_params: int, dense: int) -> int:
+        """The bytes an answer will take, before it exists (a deadline's work budget): `dense`
+        uncompressed, else each key's encoded size as if model-sized, plus a scalar loss."""
+        if self.compression is None or self.compression.name == "none":
+            return dense
+        return len(self.keys) * encoded_nbytes(num_params, 4, self.compression) + 8
 
 
 @dataclass
