@@ -87,6 +87,10 @@ class DataConfig:
         """Whether the dataset is a pool a partitioner can split (else only its own clients)."""
         return True
 
+    def has_labels(self) -> bool:
+        """Whether the rows carry class labels (a data attack, label flipping, needs them)."""
+        return True
+
     def planned_clients(self, partition: PartitionConfig) -> int | None:
         """The client count the config alone gives (None: known once the data are loaded)."""
         return None if partition.keeps_dataset_clients else partition.num_clients
@@ -743,12 +747,15 @@ def build_section(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
     return cls(**kwargs)
 
 
-# Keys that moved when each dataset got its own config class: old key -> new key.
+# Keys that moved: old key -> new key. Within `data` when each dataset got its own config class;
+# FFGG's robust settings to the round pipeline's `robust:` section, for every algorithm.
 MOVED_KEYS: dict[str, str] = {
     **{f"data.synthetic_{k}": f"data.{k}" for k in ("alpha", "beta", "iid", "features", "classes", "size_mu", "size_sigma", "lazy", "eval_clients")},
     "data.synthetic_min_samples": "data.min_client_samples",
     "data.synthetic_max_samples": "data.max_client_samples",
     **{f"data.quadratic_{k}": f"data.{k}" for k in ("n", "d_theta", "d_w", "planted")},
+    "algorithm.aggregator": "robust.aggregator",
+    "algorithm.attack": "robust.attack",
 }
 
 
@@ -784,9 +791,23 @@ def _absolute_paths_in(values: dict[str, Any], root: Path) -> None:
 def config_from_manifest(raw: Mapping[str, Any]) -> Config:
     """The config a run's manifest recorded. A run recorded before each model, dataset and
     partitioner had its own config class carries every flat key: moved keys get their new
-    names, and keys the named entry does not have (the flat sections' other defaults) go."""
+    names (and sections), and keys the named entry does not have (the flat sections' other
+    defaults) go."""
+    raw = _moved_across_sections(raw)
     return config_from_dict({name: _recorded_section(name, values) if isinstance(values, Mapping) else values
                              for name, values in raw.items()})
+
+
+def _moved_across_sections(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A recorded config with the keys that left their section put where they are now (e.g.
+    FFGG's `algorithm.aggregator` into `robust.aggregator`); the recorded value wins."""
+    out = {name: dict(values) if isinstance(values, Mapping) else values for name, values in raw.items()}
+    for old, new in MOVED_KEYS.items():
+        (section, key), (target, new_key) = old.split(".", 1), new.split(".", 1)
+        if section != target and isinstance(out.get(section), dict) and key in out[section]:
+            moved = out[section].pop(key)
+            out[target] = {**(out.get(target) or {}), new_key: moved}
+    return out
 
 
 def _recorded_section(name: str, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -806,6 +827,9 @@ def recorded_section(name: str, values: Mapping[str, Any]) -> Any:
 def unknown_key(cls: type, prefix: str, key: str, names: list[str], values: Mapping[str, Any]) -> str:
     """The message for a key `cls` does not have: where it moved, or which keys there are."""
     moved = MOVED_KEYS.get(f"{prefix}.{key}")
+    section = moved.partition(".")[0] if moved is not None else None
+    if moved is not None and section != prefix:
+        return f"this key moved: it is now {moved} (the job's `{section}:` section, for every algorithm)"
     if moved is not None and moved.partition(".")[2] in names:
         return f"this key moved: it is now {moved} (a key of the dataset's own config)"
     from rayfl.registry import BY_SECTION

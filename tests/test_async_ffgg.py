@@ -119,7 +119,7 @@ def test_step_rules():
         ("algorithm.step_rule=theory", "algorithm.tau_max"),
         ("algorithm.max_staleness=-1", "algorithm.max_staleness"),
         ("algorithm.dispatch=random", "algorithm.dispatch"),
-        ("algorithm.attack={name: sign_flip, count: 1}", "algorithm.attack"),
+        ("robust.attack={name: sign_flip, count: 1}", "robust"),  # no upload to aggregate: the pipeline refuses it
     ],
 )
 def test_bad_async_config(override, key):

@@ -64,6 +64,17 @@ def test_a_run_recorded_with_the_flat_sections_still_loads_for_resume() -> None:
     assert config_from_manifest(cfg.to_dict()) == cfg  # and today's records round-trip
 
 
+def test_a_run_recorded_with_ffggs_own_robust_keys_resumes_with_them_in_robust() -> None:
+    """BR-FFGG's aggregator and attack were keys of the algorithm before the round pipeline."""
+    cfg = load_config(None, ["algorithm.name=br_ffgg", "robust.aggregator={name: median, bucket_size: 2}",
+                             "robust.attack={name: sign_flip, fraction: 0.1}"])
+    old = cfg.to_dict()
+    old["algorithm"] = {**old["algorithm"], **old.pop("robust")}
+    assert config_from_manifest(old) == cfg
+    with pytest.raises(ConfigError, match=r"^algorithm\.aggregator: this key moved: it is now robust\.aggregator "):
+        config_from_dict(old)  # a job, unlike a manifest, is told
+
+
 def test_an_entry_without_a_config_class_takes_kwargs_checked_against_its_signature() -> None:
     def net(input_shape, num_classes, width=4):
         return nn.Sequential(nn.Flatten(), nn.Linear(input_shape[0], width), nn.Linear(width, num_classes))

@@ -232,8 +232,9 @@ def test_personal_parameters_never_leave_the_host_network():
         ("algorithm.solver=newton", "algorithm.solver"),
         ("algorithm.personal_scheme=middle", "algorithm.personal_scheme"),
         ("algorithm.tau_epochs=0", "algorithm.tau_epochs"),
-        ("algorithm.attack={name: sign_flip, fraction: 0.6}", "algorithm.attack.fraction"),
-        ("algorithm.aggregator={name: krum, byzantine: -1}", "algorithm.aggregator.byzantine"),
+        ("robust.attack={name: sign_flip, fraction: 0.6}", "robust.attack.fraction"),
+        ("robust.aggregator={name: krum, byzantine: -1}", "robust.aggregator.byzantine"),
+        ("algorithm.attack={name: sign_flip, count: 1}", "algorithm.attack"),  # moved to robust.attack
     ],
 )
 def test_bad_config_names_the_field(override, key):
@@ -247,8 +248,11 @@ def test_bad_local_and_br_config():
         load_config(None, ["algorithm.name=local_ffgg", "algorithm.theta_lr=0"])
     assert e.value.key == "algorithm.theta_lr"
     with pytest.raises(ConfigError) as e:
-        load_config(None, ["algorithm.name=br_ffgg", "algorithm.participation=0.5"])
+        load_config(None, ["algorithm.name=br_ffgg", "algorithm.participation=0.5", "robust.aggregator.name=median"])
     assert e.value.key == "algorithm.participation"
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["algorithm.name=br_ffgg"])  # Alg. 5 without a robust aggregator is ffgg
+    assert e.value.key == "robust.aggregator"
     with pytest.raises(ConfigError) as e:
         load_config(None, ["data.dataset=ffgg_quadratic", "data.d_w=0"])
     assert e.value.key == "data.d_w"

@@ -22,6 +22,7 @@ from rayfl.results import load
 from rayfl.runner import resume_experiment, run_experiment
 
 FEDBUFF = ["algorithm.name=fedbuff", "algorithm.concurrency=6", "algorithm.buffer_size=3", "run.rounds=9"]
+FFGG_NET = ["model.name=mlp", "model.hidden=[16]", "algorithm.tau=2"]  # theta: the hidden layer (output is personal)
 PIPELINES = {
     "dp": ["privacy.mode=central", "privacy.noise_multiplier=1.2", "privacy.clip=0.5", "privacy.delta=1e-3"],
     "dp-adaptive": ["privacy.mode=central", "privacy.noise_multiplier=1.2", "privacy.clip=0.5", "privacy.adaptive=true",
@@ -34,6 +35,9 @@ PIPELINES = {
     "fedbuff-median-signflip": [*FEDBUFF, "robust.aggregator.name=median", "robust.attack.name=sign_flip",
                                 "robust.attack.count=2"],
     "fedbuff-topk-ef": [*FEDBUFF, "compression.name=topk", "compression.ratio=0.05"],
+    "br-ffgg-cc-alie": ["algorithm.name=br_ffgg", "algorithm.clients_per_round=null", *FFGG_NET,
+                        "robust.aggregator={name: centered_clipping, tau: 0.5, bucket_size: 2}",
+                        "robust.attack.name=alie", "robust.attack.count=2"],
 }
 
 
@@ -58,7 +62,7 @@ def test_one_and_two_hosts_give_identical_tables(ray_local, results_dir, name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["dp-adaptive", "topk-ef", "median-signflip", "fedbuff-median-signflip"])
+@pytest.mark.parametrize("name", ["dp-adaptive", "topk-ef", "median-signflip", "fedbuff-median-signflip", "br-ffgg-cc-alie"])
 def test_sigterm_then_resume_equals_the_uninterrupted_run(ray_local, results_dir, name):
     extra = [*PIPELINES[name], "algorithm.name=scaffold"] if name == "topk-ef" else PIPELINES[name]
     whole = run(results_dir, f"{name}-whole", *extra)
@@ -105,7 +109,7 @@ UPLOADING = sorted(name for name, _, config, _ in BUILTIN if algorithm_config_cl
 
 
 def test_the_pipeline_covers_the_model_shaped_algorithms():
-    assert {"fedavg", "fedprox", "scaffold", "ditto", "fedavg_adapt", "fedbuff"} <= set(UPLOADING)
+    assert {"fedavg", "fedprox", "scaffold", "ditto", "fedavg_adapt", "fedbuff", "ffgg", "local_ffgg", "br_ffgg"} <= set(UPLOADING)
 
 
 @pytest.mark.parametrize("name", UPLOADING)
@@ -114,6 +118,8 @@ def test_every_algorithm_declaring_uploads_sends_them_through_the_pipeline(ray_l
     fed.weighted_sum would silently skip privacy: its bytes would stay dense."""
     extra = ["partition.client_test=proportional"] if name in ("ditto", "fedavg_adapt") else []
     extra += FEDBUFF[1:] if name == "fedbuff" else []
+    extra += FFGG_NET if "ffgg" in name else []
+    extra += ["algorithm.clients_per_round=null", "robust.aggregator.name=median"] if name == "br_ffgg" else []
     res = run(results_dir, name, f"algorithm.name={name}", "run.rounds=2", "compression.name=sign", *extra)
     d = int(res.manifests["num_params"].iloc[0])
     train = res.clients[(res.clients["phase"] == "train")]

@@ -99,7 +99,7 @@ def test_trimmed_mean_fraction_and_impossible_b() -> None:
         trimmed_mean(TRIM_X[:4], 2)
     with pytest.raises(ConfigError) as err:
         aggregate(TRIM_X[:4], RobustConfig(name="trimmed_mean", trim=2), None)
-    assert err.value.key == "algorithm.aggregator.trim"
+    assert err.value.key == "robust.aggregator.trim"
 
 
 # ---------------------------------------------------------------- Krum
@@ -126,7 +126,7 @@ def test_krum_needs_n_above_2f_plus_2() -> None:
     krum(KRUM_X[:5], 1)  # n = 5 is enough
     with pytest.raises(ConfigError) as err:
         aggregate(KRUM_X[:4], RobustConfig(name="krum", byzantine=1), None)
-    assert err.value.key == "algorithm.aggregator.byzantine"
+    assert err.value.key == "robust.aggregator.byzantine"
 
 
 # ---------------------------------------------------------------- geometric median
@@ -285,7 +285,7 @@ def test_bucketing_counts_buckets_for_krum() -> None:
     aggregate(x, RobustConfig(name="krum", byzantine=1, bucket_size=2), rng(0))
     with pytest.raises(ConfigError) as err:  # buckets of 3 -> 3 means, not > 4
         aggregate(x, RobustConfig(name="krum", byzantine=1, bucket_size=3), rng(0))
-    assert err.value.key == "algorithm.aggregator.byzantine"
+    assert err.value.key == "robust.aggregator.byzantine"
 
 
 def test_aggregate_is_deterministic_for_a_seed() -> None:
@@ -344,19 +344,19 @@ def test_inputs_are_checked() -> None:
 def test_robust_config_errors_name_the_key(kwargs: dict, key: str) -> None:
     with pytest.raises(ConfigError) as err:
         RobustConfig(**kwargs).validate_as()
-    assert err.value.key == f"algorithm.aggregator.{key}"
-    assert str(err.value).startswith(f"algorithm.aggregator.{key}:")
+    assert err.value.key == f"robust.aggregator.{key}"
+    assert str(err.value).startswith(f"robust.aggregator.{key}:")
 
 
 def test_configs_build_from_job_mappings() -> None:
-    cfg = build_section(RobustConfig, {"name": "krum", "byzantine": 2}, "algorithm.aggregator")
+    cfg = build_section(RobustConfig, {"name": "krum", "byzantine": 2}, "robust.aggregator")
     assert cfg == RobustConfig(name="krum", byzantine=2)
     with pytest.raises(ConfigError) as err:
-        build_section(RobustConfig, {"trimm": 1}, "algorithm.aggregator")
-    assert err.value.key == "algorithm.aggregator.trimm"
+        build_section(RobustConfig, {"trimm": 1}, "robust.aggregator")
+    assert err.value.key == "robust.aggregator.trimm"
     with pytest.raises(ConfigError) as err:
-        build_section(AttackConfig, {"name": "alie", "z": "big"}, "algorithm.attack")
-    assert err.value.key == "algorithm.attack.z"
+        build_section(AttackConfig, {"name": "alie", "z": "big"}, "robust.attack")
+    assert err.value.key == "robust.attack.z"
     assert build_section(RobustConfig, {"tau": None}, "a").tau is None  # null = no clipping
 
 
@@ -443,7 +443,7 @@ def test_choose_byzantine() -> None:
     assert byzantine_count(10, AttackConfig(name="none")) == 0
     with pytest.raises(ConfigError) as err:
         byzantine_count(10, AttackConfig(name="ipm", count=5))
-    assert err.value.key == "algorithm.attack.count"
+    assert err.value.key == "robust.attack.count"
 
 
 @pytest.mark.parametrize(
@@ -465,4 +465,4 @@ def test_choose_byzantine() -> None:
 def test_attack_config_errors_name_the_key(kwargs: dict, key: str) -> None:
     with pytest.raises(ConfigError) as err:
         AttackConfig(**kwargs).validate_as()
-    assert err.value.key == f"algorithm.attack.{key}"
+    assert err.value.key == f"robust.attack.{key}"

@@ -163,6 +163,19 @@ NO_RAY: dict[str, Case] = {
         "algorithm.server_as_client=true",
         names=("algorithm.server_as_client", "data.server_fraction"),
     ),
+    # robustness (the round pipeline's `robust:` section)
+    "br-ffgg-without-a-robust-aggregator": plain("run", "algorithm.name=br_ffgg", names=("robust.aggregator", "ffgg")),
+    "ffgg-aggregator-under-its-old-key": plain(
+        "run", "algorithm.name=br_ffgg", "algorithm.aggregator={name: median}", names=("algorithm.aggregator", "robust.aggregator")
+    ),
+    "label-flip-without-labels": plain(
+        "run", "algorithm.name=br_ffgg", "data.dataset=ffgg_quadratic", "partition.method=natural",
+        "robust.aggregator.name=median", "robust.attack={name: label_flip, count: 1}", names=("robust.attack.name", "labels"),
+    ),
+    "half-the-clients-byzantine": plain(
+        "run", "partition.num_clients=10", "robust.aggregator.name=median", "robust.attack={name: sign_flip, count: 5}",
+        names=("robust.attack.count", "5 Byzantine of 10"),
+    ),
     # files
     "missing-job-file": missing_job,
     "job-is-a-directory": job_is_a_directory,

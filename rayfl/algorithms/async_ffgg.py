@@ -18,15 +18,15 @@ updates (A5's bound enforced). One `rounds` row per applied update."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
 from rayfl.algorithms.ffgg import (
     FFGGConfig,
     Split,
-    check_attack,
     check_finite,
+    check_solver,
     evaluate_if_due,
     ffgg_client,
     fine_tune_of,
@@ -41,6 +41,7 @@ from rayfl.rng import numpy_rng
 
 @dataclass
 class AsyncFFGGConfig(FFGGConfig):
+    uploads: ClassVar[tuple[str, ...]] = ()  # each update is applied alone: no aggregate to make robust
     name: str = "async_ffgg"
     concurrency: int = 8
     dispatch: Literal["theory", "worker"] = "theory"
@@ -57,8 +58,6 @@ class AsyncFFGGConfig(FFGGConfig):
             raise ConfigError("algorithm.tau_max", "step_rule 'theory' needs the delay bound tau_max >= 1")
         if self.max_staleness is not None and self.max_staleness < 0:
             raise ConfigError("algorithm.max_staleness", f"must be >= 0 or null, got {self.max_staleness}")
-        if self.attack.name != "none" or self.aggregator.name != "mean":
-            raise ConfigError("algorithm.attack", "asynchronous FFGG applies single updates: no aggregator or attack")
 
 
 @dataclass
@@ -139,7 +138,7 @@ class AsyncDispatcher:
 
 def run_async_ffgg(fed: Federation, cfg: AsyncFFGGConfig, run: RunConfig) -> dict[str, Any]:
     split = server_split(fed, cfg)
-    check_attack(fed, cfg, split)
+    check_solver(cfg, split)
     base, gamma_w = step_sizes(split, cfg)
     tune = fine_tune_of(cfg, gamma_w)
     s = fed.track(AsyncFFGGState(theta=split.theta0.copy()))

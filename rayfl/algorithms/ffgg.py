@@ -8,7 +8,7 @@ the client's host state under "w", never uploaded):
     Alg. 1, round r:  every sampled client fine-tunes w ~ argmin_w f_m(theta^r, w) (Alg. 2: tau
                       GD steps from a fresh random w, or CG / exact on the quadratic) and
                       uploads Delta_m = grad_theta f_m(theta^r, w);
-                      theta^{r+1} = theta^r - gamma_theta mean_m Delta_m   (ARAgg for Alg. 5)
+                      theta^{r+1} = theta^r - gamma_theta mean_m Delta_m
     Alg. 4, round r:  fine-tune, then K times  w <- w - gamma_w grad_w f(theta_k, w);
                       theta_{k+1} = theta_k - gamma_theta grad_theta f(theta_k, w_new);
                       uploads Delta_m = theta^r - theta^{r,K};  theta^{r+1} = theta^r - server_lr mean Delta
@@ -18,12 +18,16 @@ What the split is: on `data.dataset: ffgg_quadratic` theta is the first d_theta 
 `rayfl.models.personal.personal_mask(model, algorithm.personal_scheme,
 algorithm.personal_patterns)`, and w = flat[mask] starts from the module's default init.
 Step sizes left null take the quadratic's constants: gamma_theta = 1/L, gamma_w = 1/L_w
-(spec 6.6-6.7); on networks server_lr 1.0 and w_lr = algorithm.lr."""
+(spec 6.6-6.7); on networks server_lr 1.0 and w_lr = algorithm.lr.
+
+Alg. 5 (BR-FFGG) is Alg. 1 under the job's `robust:` section: Delta is the declared upload, so
+the round pipeline (rayfl.pipeline) replaces mean_m by ARAgg and lets the Byzantine clients
+attack it; nothing here knows about it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -42,9 +46,6 @@ from rayfl.algorithms.rounds import check_finite, clients_this_round
 from rayfl.algorithms.server_opt import AdamMoments, ServerOptimizerConfig, server_step
 from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
 from rayfl.engine import ClientContext, Federation
-from rayfl.robust.aggregators import RobustConfig
-from rayfl.robust.attacks import AttackConfig, byzantine_count
-from rayfl.robust.server import ByzantineServer
 
 
 @dataclass
@@ -54,9 +55,10 @@ class FFGGConfig(AlgorithmConfig):
     the module's init on networks; zero; warm: the client's last committed w). `server_lr` is
     gamma_theta. `tau_epochs` (networks) fine-tunes for that many epochs instead of tau steps.
     `personal_scheme` / `personal_patterns`: which network parameters are personal (see
-    rayfl.models.personal; ignored on the quadratic). `aggregator` / `attack`: Alg. 5's ARAgg
-    and the Byzantine clients (rayfl.robust), mean / none by default."""
+    rayfl.models.personal; ignored on the quadratic). The upload is Delta (theta's gradient, or
+    Local FFGG's model delta): a job's `robust:` / `privacy:` / `compression:` apply to it."""
 
+    uploads: ClassVar[tuple[str, ...]] = ("delta",)
     name: str = "ffgg"
     solver: Literal["gd", "cg", "exact"] = "gd"
     tau: int = 10
@@ -66,8 +68,6 @@ class FFGGConfig(AlgorithmConfig):
     server_lr: float | None = None
     personal_scheme: str = "output"
     personal_patterns: list[str] = field(default_factory=list)
-    aggregator: RobustConfig = field(default_factory=RobustConfig)
-    attack: AttackConfig = field(default_factory=AttackConfig)
 
     def validate(self) -> None:
         super().validate()
@@ -85,8 +85,6 @@ class FFGGConfig(AlgorithmConfig):
             raise ConfigError("algorithm.personal_scheme", f"unknown {self.personal_scheme!r}; allowed: {list(SCHEMES)}")
         if self.personal_scheme == "patterns" and not self.personal_patterns:
             raise ConfigError("algorithm.personal_patterns", "the patterns scheme needs at least one parameter-name glob")
-        self.aggregator.validate_as("algorithm.aggregator")
-        self.attack.validate_as("algorithm.attack")
 
 
 @dataclass
@@ -114,13 +112,14 @@ class LocalFFGGConfig(FFGGConfig):
 
 @dataclass
 class BRFFGGConfig(FFGGConfig):
-    """BR-FFGG (Alg. 5): full participation (Alg. 5 samples nobody) and a robust aggregator,
-    bucketing(2) + coordinate-wise median by default (the authors' Byzantine run, spec 6.28)."""
+    """BR-FFGG (Alg. 5): full participation (Alg. 5 samples nobody) and a robust aggregator, set
+    in the job's `robust:` section (the authors' Byzantine run, spec 6.28: `robust: {aggregator:
+    {name: median, bucket_size: 2}}`); the pipeline refuses the plain mean for it."""
 
+    robust_variant_of: ClassVar[str] = "ffgg"  # what it is without a robust aggregator
     name: str = "br_ffgg"
     participation: float | None = 1.0
     clients_per_round: int | None = None
-    aggregator: RobustConfig = field(default_factory=lambda: RobustConfig(name="median", bucket_size=2))
 
     def validate(self) -> None:
         super().validate()
@@ -130,10 +129,9 @@ class BRFFGGConfig(FFGGConfig):
 
 @dataclass
 class FFGGState:
-    """What the server carries between rounds: theta (and centered clipping's reference)."""
+    """What the server carries between rounds: theta (and Local FFGG's FedAdam moments)."""
 
     theta: np.ndarray
-    robust_ref: np.ndarray | None = None
     moments: AdamMoments = field(default_factory=AdamMoments)  # Local FFGG's FedAdam
 
 
@@ -166,6 +164,9 @@ def server_split(fed: Federation, cfg: FFGGConfig) -> Split:
     mask = personal_mask(fed.model, cfg.personal_scheme, tuple(cfg.personal_patterns))
     if not mask.any():
         raise ConfigError("algorithm.personal_scheme", f"{cfg.personal_scheme!r} leaves no personal parameter")
+    if mask.all():
+        raise ConfigError("algorithm.personal_scheme", f"{cfg.personal_scheme!r} makes every parameter of model "
+                                                       f"{fed.cfg.model.name!r} personal: no global theta is left")
     spec = SplitSpec("network", cfg.personal_scheme, tuple(cfg.personal_patterns), cfg.batch_size)
     return Split(spec, fed.initial_params()[~mask].astype(np.float32))
 
@@ -186,13 +187,11 @@ def fine_tune_of(cfg: FFGGConfig, w_lr: float) -> FineTune:
 # ---------------------------------------------------------------- client functions
 
 
-def ffgg_client(
-    ctx: ClientContext, theta: np.ndarray, split: SplitSpec, tune: FineTune, byzantine: bool = False
-) -> dict[str, Any]:
+def ffgg_client(ctx: ClientContext, theta: np.ndarray, split: SplitSpec, tune: FineTune) -> dict[str, Any]:
     """Alg. 1 lines 4-6: fine-tune w at theta^r, upload grad_theta f_m(theta^r, w) only."""
     dtype = torch.float64 if split.problem == "quadratic" else torch.float32
     th = to_tensor(theta, ctx, dtype)
-    obj = make_objective(ctx, flipped(split, byzantine), th.numel())
+    obj = make_objective(ctx, split, th.numel())
     w = finetune(obj, ctx, th, tune)
     g_theta, _, loss = obj.full_grads(th, w)
     ctx.state[W_STATE] = w.detach().cpu()
@@ -207,13 +206,12 @@ def local_ffgg_client(
     theta_lr: float,
     local_steps: int | None = None,
     local_epochs: int | None = None,
-    byzantine: bool = False,
 ) -> dict[str, Any]:
     """Alg. 4 lines 4-9: fine-tune, then K alternating steps (w first, then theta at the fresh
     w, on the same minibatch); upload Delta = theta^r - theta^{r,K}."""
     dtype = torch.float64 if split.problem == "quadratic" else torch.float32
     th0 = to_tensor(theta, ctx, dtype)
-    obj = make_objective(ctx, flipped(split, byzantine), th0.numel())
+    obj = make_objective(ctx, split, th0.numel())
     w = finetune(obj, ctx, th0, tune)
     steps = local_steps if local_steps is not None else (local_epochs or 1) * obj.steps_per_epoch(split.batch_size)
     th, loss = th0.clone(), float("nan")
@@ -227,29 +225,17 @@ def local_ffgg_client(
     return {"delta": th0 - th, "loss": loss}
 
 
-def flipped(split: SplitSpec, byzantine: bool) -> SplitSpec:
-    if not byzantine:
-        return split
-    return SplitSpec(split.problem, split.scheme, split.patterns, split.batch_size, flip_labels=True)
-
-
 # ---------------------------------------------------------------- server loops
 
 
-def check_attack(fed: Federation, cfg: FFGGConfig, split: Split) -> None:
-    byzantine_count(fed.num_clients, cfg.attack, "algorithm.attack")
-    if cfg.attack.data_attack and split.quadratic:
-        raise ConfigError("algorithm.attack.name", "label_flip needs labels; the quadratic has none")
+def check_solver(cfg: FFGGConfig, split: Split) -> None:
     if cfg.solver != "gd" and not split.quadratic:
         raise ConfigError("algorithm.solver", f"{cfg.solver!r} solves quadratics only; use gd on networks")
 
 
-def aggregate_round(byz: ByzantineServer, s: FFGGState, results: list[Any], round: int) -> np.ndarray:
-    """mean (Alg. 1 line 8) or ARAgg (Alg. 5) of the round's deltas, in client-id order."""
-    g = byz.combine(results, "delta", round, reference=s.robust_ref)
-    if byz.aggregator.name == "centered_clipping":
-        s.robust_ref = g
-    return g
+def mean_delta(fed: Federation, results: list[Any]) -> np.ndarray:
+    """Alg. 1 line 8: (1/n) sum_m Delta_m over the round's answers (ARAgg under `robust:`)."""
+    return fed.weighted_sum(results, "delta", [1.0 / len(results)] * len(results))
 
 
 def round_metrics(split: Split, theta: np.ndarray, results: list[Any]) -> dict[str, Any]:
@@ -261,19 +247,18 @@ def round_metrics(split: Split, theta: np.ndarray, results: list[Any]) -> dict[s
 
 
 def run_ffgg(fed: Federation, cfg: FFGGConfig, run: RunConfig) -> dict[str, Any]:
-    """Alg. 1 (and Alg. 5 with a robust aggregator / Byzantine clients)."""
+    """Alg. 1 (Alg. 5 under a `robust:` section)."""
     split = server_split(fed, cfg)
-    check_attack(fed, cfg, split)
+    check_solver(cfg, split)
     gamma_theta, gamma_w = step_sizes(split, cfg)
     tune = fine_tune_of(cfg, gamma_w)
-    byz = ByzantineServer(fed, cfg.aggregator, cfg.attack)
     s = fed.track(FFGGState(theta=split.theta0.copy()))
     metrics: dict[str, Any] = {}
     for r in fed.rounds(run.rounds):
         ids = clients_this_round(fed, cfg, r)
-        results = fed.call(ids, ffgg_client, round=r, per_client=byz.per_client(ids), theta=s.theta, split=split.spec, tune=tune)
+        results = fed.call(ids, ffgg_client, round=r, keep=("delta",), theta=s.theta, split=split.spec, tune=tune)
         if results:
-            g = aggregate_round(byz, s, results, r)
+            g = mean_delta(fed, results)
             s.theta = (s.theta.astype(np.float64) - gamma_theta * g).astype(split.theta0.dtype)
             check_finite(s.theta, r, "theta", "algorithm.server_lr")
         metrics = round_metrics(split, s.theta, results)
@@ -285,24 +270,23 @@ def run_ffgg(fed: Federation, cfg: FFGGConfig, run: RunConfig) -> dict[str, Any]
 def run_local_ffgg(fed: Federation, cfg: LocalFFGGConfig, run: RunConfig) -> dict[str, Any]:
     """Alg. 4."""
     split = server_split(fed, cfg)
-    check_attack(fed, cfg, split)
+    check_solver(cfg, split)
     gamma_theta, gamma_w = step_sizes(split, cfg)
     theta_lr = cfg.theta_lr or (1.0 / split.oracle.L if split.quadratic else cfg.lr)
     server_lr = cfg.server_lr or 1.0
     tune = fine_tune_of(cfg, gamma_w)
-    byz = ByzantineServer(fed, cfg.aggregator, cfg.attack)
     s = fed.track(FFGGState(theta=split.theta0.copy()))
     metrics: dict[str, Any] = {}
     for r in fed.rounds(run.rounds):
         ids = clients_this_round(fed, cfg, r)
         scale = round_lr(cfg.round_lr, 1.0, r, run.rounds)  # 1.0 (exactly) without a schedule
         results = fed.call(
-            ids, local_ffgg_client, round=r, per_client=byz.per_client(ids), theta=s.theta, split=split.spec,
+            ids, local_ffgg_client, round=r, keep=("delta",), theta=s.theta, split=split.spec,
             tune=replace(tune, lr=tune.lr * scale), theta_lr=theta_lr * scale, local_steps=cfg.local_steps,
             local_epochs=cfg.local_epochs,
         )
         if results:
-            g = aggregate_round(byz, s, results, r)  # the mean of Delta_m = theta^r - theta_m: -(mean delta)
+            g = mean_delta(fed, results)  # the mean of Delta_m = theta^r - theta_m: -(mean delta)
             moments = getattr(s, "moments", None)  # a checkpoint from before FedAdam has none (and is SGD)
             s.theta = server_step(s.theta.astype(np.float64), -g, server_lr, cfg.server_optimizer, moments).astype(split.theta0.dtype)
             check_finite(s.theta, r, "theta", "algorithm.server_lr")
@@ -310,7 +294,6 @@ def run_local_ffgg(fed: Federation, cfg: LocalFFGGConfig, run: RunConfig) -> dic
         metrics.update(evaluate_if_due(fed, split, s.theta, r, run))
         fed.log_round(r, **metrics)
     return {"final_params": s.theta, **metrics}
-
 
 
 def evaluate_if_due(fed: Federation, split: Split, theta: np.ndarray, round: int, run: RunConfig) -> dict[str, float]:

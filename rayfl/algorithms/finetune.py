@@ -41,7 +41,6 @@ class SplitSpec:
     scheme: str = "output"
     patterns: tuple[str, ...] = ()
     batch_size: int = 32
-    flip_labels: bool = False  # a label-flipping Byzantine client (data attack)
 
 
 @dataclass(frozen=True)
@@ -127,17 +126,11 @@ class QuadraticObjective:
 class NetworkObjective:
     """Mean cross-entropy of the client's model, with flat = theta at ~mask and w at mask."""
 
-    def __init__(self, ctx: ClientContext, mask: np.ndarray, batch_size: int, flip_labels: bool = False):
+    def __init__(self, ctx: ClientContext, mask: np.ndarray, batch_size: int):
         self.ctx = ctx
         self.mask = torch.from_numpy(np.asarray(mask, dtype=bool)).to(ctx.device)
         self.batch_size = batch_size
-        self.y = ctx.y
-        if flip_labels and len(ctx.y):  # Byzantine data attack: y -> C - 1 - y
-            from rayfl.robust import flip_labels as flip
-
-            with torch.no_grad():
-                classes = int(ctx.model(ctx.x[:1]).shape[1])
-            self.y = flip(ctx.y, classes)
+        self.y = ctx.y  # a label-flipping Byzantine client's are flipped already (rayfl.pipeline)
         self._stream: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.d_w = int(self.mask.sum())
 
@@ -202,12 +195,10 @@ Objective = QuadraticObjective | NetworkObjective
 
 def make_objective(ctx: ClientContext, spec: SplitSpec, d_theta: int) -> Objective:
     if spec.problem == "quadratic":
-        if spec.flip_labels:
-            raise ValueError("label flipping needs labels; the quadratic has none")
         return QuadraticObjective(ctx, d_theta)
     from rayfl.models.personal import personal_mask
 
-    return NetworkObjective(ctx, personal_mask(ctx.model, spec.scheme, spec.patterns), spec.batch_size, spec.flip_labels)
+    return NetworkObjective(ctx, personal_mask(ctx.model, spec.scheme, spec.patterns), spec.batch_size)
 
 
 def initial_w(obj: Objective, ctx: ClientContext, init: WInit, dtype: torch.dtype) -> torch.Tensor:

@@ -486,9 +486,11 @@ class Federation:
         if not ids:
             return []
         uploads = None
-        if self.pipeline is not None and summed and timed:
-            self.pipeline.round = round
-            uploads = self.pipeline.upload_spec(summed, ids)
+        if self.pipeline is not None:
+            self.pipeline.keys = ()  # only an upload call's sums go through the pipeline
+            if summed and timed:
+                self.pipeline.round = round
+                uploads = self.pipeline.upload_spec(summed, ids)
         start = self.clock.now
         sys_cfg = self.cfg.system
         plans = {c: plan_task(self.system, self.seed, c, round, round, start, self.model_version) for c in ids}
@@ -595,7 +597,7 @@ class Federation:
     # ------------------------------------------------------------------ aggregation
 
     def weighted_sum(self, results: list[ClientResult], key: str, weights: Iterable[float]) -> np.ndarray:
-        """sum_k weights[k] * results[k][key] in float64, exactly rounded onto a common
+        """`sum_k weights[k] * results[k][key]` in float64, exactly rounded onto a common
         fixed-point grid (rayfl.engine.exact_sum), so the bits never depend on how clients are
         spread over hosts. Outputs the last `call` kept on the hosts (`keep`, under
         `engine.preaggregate: on`) are summed there, one partial sum per host; the others

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from rayfl.errors import ConfigError
 from rayfl.pipeline.compression import CompressionConfig
 from rayfl.robust.aggregators import RobustConfig
-from rayfl.robust.attacks import AttackConfig
+from rayfl.robust.attacks import AttackConfig, byzantine_count
 
 
 @dataclass
@@ -102,7 +102,12 @@ class RobustSection:
 
     @property
     def on(self) -> bool:
-        return self.aggregator.name != "mean" or self.aggregator.bucket_size != 1 or self.attack.name != "none"
+        return self.robust_aggregator or self.attack.name != "none"
+
+    @property
+    def robust_aggregator(self) -> bool:
+        """Anything but the plain mean (a bucketed mean included)."""
+        return self.aggregator.name != "mean" or self.aggregator.bucket_size != 1
 
     @property
     def needs_every_update(self) -> bool:
@@ -130,21 +135,27 @@ def check_pipeline(cfg: Any) -> None:
     """Checks across sections, before anything runs: the algorithm must upload something
     model-shaped; robust aggregation needs every update (no host pre-aggregation); some
     combinations have no sound meaning and are refused."""
+    alg = cfg.algorithm
+    plain = getattr(type(alg), "robust_variant_of", None)
+    if plain is not None and not cfg.robust.robust_aggregator:
+        raise ConfigError("robust.aggregator", f"{alg.name} is {plain} with a robust aggregator; set robust.aggregator, "
+                                               f"e.g. {{name: median, bucket_size: 2}}, or run {plain} for the plain mean")
     sections = active(cfg)
     if not sections:
         return
     first = sections[0]
-    alg = cfg.algorithm
     uploads = tuple(getattr(type(alg), "uploads", ()))
     if not uploads:
         raise ConfigError(first, f"algorithm {alg.name!r} declares no model-shaped upload (`uploads` on its config class), "
                                  "so the round pipeline cannot transform it; it works with fedavg, fedprox, scaffold, fedavg_adapt, ditto, "
-                                 "fedbuff and any algorithm that declares `uploads`")
+                                 "fedbuff, ffgg, local_ffgg, br_ffgg and any algorithm that declares `uploads`")
     if cfg.privacy.on and getattr(type(alg), "asynchronous", False):
         raise ConfigError("privacy", f"{alg.name} applies updates as they arrive, with no sampled cohort a privacy "
                                      "accountant could assume; use a synchronous algorithm")
     if getattr(alg, "server_as_client", False):
         raise ConfigError("algorithm.server_as_client", f"the server's own update would bypass {first}; set it to false")
+    if cfg.robust.on:
+        check_attack(cfg)
     if cfg.robust.on and cfg.engine.preaggregate == "on":
         raise ConfigError("engine.preaggregate", "robust aggregation needs every client's update on the server; "
                                                  "set engine.preaggregate to auto or off")
@@ -157,6 +168,17 @@ def check_pipeline(cfg: Any) -> None:
         raise ConfigError("privacy", "needs a cohort size: set algorithm.clients_per_round or algorithm.participation")
     if cfg.privacy.on and cfg.privacy.sampling == "poisson" and cfg.system.policy == "over_selection":
         raise ConfigError("privacy.sampling", "over-selection draws a fixed number of clients; use sampling: fixed")
+
+
+def check_attack(cfg: Any) -> None:
+    """A data attack needs labels to flip; fewer than half the clients may be Byzantine (checked
+    here when the config alone says how many clients there are, else when the run starts)."""
+    attack = cfg.robust.attack
+    if attack.data_attack and not cfg.data.has_labels():
+        raise ConfigError("robust.attack.name", f"{attack.name} needs labels; data.dataset {cfg.data.dataset!r} has none")
+    clients = cfg.planned_clients()
+    if clients is not None:
+        byzantine_count(clients, attack, "robust.attack")
 
 
 def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:

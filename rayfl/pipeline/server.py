@@ -93,7 +93,8 @@ class RoundPipeline:
     def __init__(self, cfg: Any, fed: Any):
         self.cfg = cfg
         self.seed = int(fed.seed)
-        self.num_clients = len(fed.trainable_clients)
+        self.num_clients = len(fed.trainable_clients)  # N of the accountant: who can be sampled
+        self.client_ids = int(fed.num_clients)  # every id, trainable or not
         self.num_classes = int(fed.dataset.num_classes)
         self.privacy = cfg.privacy if cfg.privacy.on else None
         self.compression = cfg.compression if cfg.compression.name != "none" else None
@@ -137,8 +138,8 @@ class RoundPipeline:
     def sample(self, round: int, candidates: np.ndarray) -> list[int]:
         """Poisson sampling: each client independently with rate cohort / N."""
         rng = numpy_rng(self.seed, "sample.poisson", round)
-        keep = rng.random(self.num_clients) < self.mechanism.rate
-        return sorted(int(c) for c in candidates if c < len(keep) and keep[c])
+        keep = rng.random(self.client_ids) < self.mechanism.rate  # one draw per id: the same for any candidates
+        return sorted(int(c) for c in candidates if keep[c])
 
     # ---------------------------------------------------------------- client side
 
@@ -175,7 +176,7 @@ class RoundPipeline:
         """What the server uses in place of sum_k weights[k] * results[k][key]."""
         total_weight = float(np.sum(np.asarray(weights, dtype=np.float64)))
         if self.robust is not None:
-            return self._robust(results, key, weights) * total_weight
+            return self._robust(results, key, weights) * mean_scale(weights)
         if self.privacy is not None and self.privacy.mode == "central":
             clipped_sum = exact_sum(results, key, [1.0] * len(results))
             rng = numpy_rng(self.seed, f"privacy.noise.{key}", self.round)
@@ -192,7 +193,8 @@ class RoundPipeline:
         stack = self.byzantine.vectors(results, key, self.round, stream=stream).reshape(len(results), -1)
         rule = self.cfg.robust.aggregator
         w = np.asarray(weights, dtype=np.float64)
-        w = w / w.sum() if rule.name in WEIGHTED and w.sum() > 0 else None
+        uniform = w.size > 0 and bool((w == w[0]).all())  # the unweighted rule: same value, no rounding of w
+        w = w / w.sum() if rule.name in WEIGHTED and not uniform and w.sum() > 0 else None
         rng = numpy_rng(self.seed, "byzantine.aggregate" + stream, self.round)
         out = aggregate(stack, rule, rng, reference=self.state.references.get(key), weights=w)
         if rule.name == "centered_clipping":
@@ -253,6 +255,14 @@ class RoundPipeline:
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         self.state = saved["state"]
+
+
+def mean_scale(weights: Sequence[float]) -> float:
+    """What a robust aggregate (a mean) is multiplied by to stand in for sum_k w_k x_k: the
+    total weight, or exactly 1 for weights meant to sum to 1 (1/n each, n_k / N), whose rounded
+    sum may miss 1 by an ulp that would only perturb the result's last bits."""
+    total = math.fsum(float(w) for w in weights)
+    return 1.0 if abs(total - 1.0) <= len(weights) * 2.0**-52 else total
 
 
 def adaptive_clip(

@@ -26,7 +26,7 @@ from rayfl.errors import ConfigError
 Rule = Callable[[np.ndarray, np.ndarray | None], np.ndarray]
 
 # Where a RobustConfig sits in a job file, for error messages.
-AGGREGATOR_KEY = "algorithm.aggregator"
+AGGREGATOR_KEY = "robust.aggregator"
 
 AggregatorName = Literal[
     "mean",

@@ -25,7 +25,7 @@ AttackName = Literal[
 ATTACKS: tuple[str, ...] = get_args(AttackName)
 
 # Where an AttackConfig sits in a job file, for error messages.
-ATTACK_KEY = "algorithm.attack"
+ATTACK_KEY = "robust.attack"
 
 Labels = TypeVar("Labels")
 

@@ -218,6 +218,9 @@ class QuadraticConfig(DataConfig):
     def splittable(self) -> bool:
         return False
 
+    def has_labels(self) -> bool:
+        return False  # the factors' rows; their labels are placeholders
+
 
 def shape_from_config(data: QuadraticConfig, num_clients: int) -> QuadraticShape:
     return QuadraticShape(clients=num_clients, n=data.n, d_theta=data.d_theta, d_w=data.d_w, planted=data.planted)

@@ -4,7 +4,9 @@ Runs are recognised from their manifests: `data.dataset == ffgg_quadratic`. Ever
 logs ||F(theta)|| (`F_norm`, exact w*) per round. Written: `ffgg_quadratic_runs.csv` (one row
 per run: algorithm, solver, tau, aggregator, attack, final and best ||F||, final ||theta -
 theta*||^2), `ffgg_fig1a.png` (FFGG with CG, one line per tau), `ffgg_fig1bcd.png` (one panel
-per tau: FFGG vs the baselines), `ffgg_async.png` and `ffgg_byzantine.png`."""
+per tau: FFGG vs the baselines), `ffgg_async.png` and `ffgg_byzantine.png` (BR-FFGG, and FFGG's
+plain mean under the same attacks). The aggregator and attack are the job's `robust:` section
+(`algorithm.aggregator` / `algorithm.attack` in runs recorded before the round pipeline)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,12 @@ def _get(run: pd.Series, key: str, default: object = None) -> object:
     return default if value is None or (isinstance(value, float) and math.isnan(value)) else value
 
 
+def _robust(run: pd.Series, key: str) -> object:
+    """robust.<key>.name; a run recorded while FFGG had its own algorithm.<key> (its robust
+    section then held the unused defaults) by that key."""
+    return _get(run, f"algorithm.{key}.name") or _get(run, f"robust.{key}.name", "")
+
+
 def quadratic_runs(results: Results) -> pd.DataFrame:
     m = results.manifests
     if m.empty or "data.dataset" not in m.columns or results.rounds.empty or "F_norm" not in results.rounds.columns:
@@ -39,7 +47,7 @@ def quadratic_runs(results: Results) -> pd.DataFrame:
         rows.append({
             "experiment": run["experiment"], "run_id": run["run_id"], "algorithm": run.get("algorithm.name"),
             "solver": _get(run, "algorithm.solver", ""), "tau": _get(run, "algorithm.tau"),
-            "aggregator": _get(run, "algorithm.aggregator.name", ""), "attack": _get(run, "algorithm.attack.name", ""),
+            "aggregator": _robust(run, "aggregator"), "attack": _robust(run, "attack"),
             "dispatch": _get(run, "algorithm.dispatch", ""), "seed": run.get("run.seed"), "rounds": len(r),
             "F_norm_final": float(r["F_norm"].iloc[-1]), "F_norm_min": float(r["F_norm"].min()),
             "dist_sq_final": float(r["dist_sq"].iloc[-1]) if "dist_sq" in r else math.nan,
@@ -89,9 +97,9 @@ def write_ffgg_report(results: Results, out: Path) -> list[str]:
             _curves(results, cmp[cmp["tau"] == tau], ax, lambda r: LABELS.get(r["algorithm"], r["algorithm"]))
             ax.set_title(f"tau = {tau}")
         save(fig, "ffgg_fig1bcd.png")
-    for alg, name, label in [("async_ffgg", "ffgg_async.png", lambda r: f"dispatch {r['dispatch']}"),
-                             ("br_ffgg", "ffgg_byzantine.png", lambda r: f"{r['attack']} / {r['aggregator']}")]:
-        sub = runs[runs["algorithm"] == alg]
+    attacked = (runs["algorithm"] == "br_ffgg") | ~runs["attack"].isin(["", "none"])
+    for sub, name, label in [(runs[runs["algorithm"] == "async_ffgg"], "ffgg_async.png", lambda r: f"dispatch {r['dispatch']}"),
+                             (runs[attacked], "ffgg_byzantine.png", lambda r: f"{r['attack']} / {r['aggregator']}")]:
         if not sub.empty:
             fig = Figure(figsize=(5, 4))
             _curves(results, sub, fig.add_subplot(1, 1, 1), label)
