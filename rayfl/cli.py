@@ -1,4 +1,4 @@
-"""The `rayfl` command line: run, partition, report, bench, validate."""
+"""The `rayfl` command line: run, partition, report, bench, validate, config."""
 
 from __future__ import annotations
 
@@ -21,6 +21,9 @@ examples:
                                               a grid x seeds, one run per Ray Tune trial, resumable
   rayfl resume results/default/<run_id>       continue a stopped or killed run from its checkpoint
   rayfl validate jobs/x.yaml                  check a job and print the resolved config
+  rayfl validate jobs/x.yaml --explain        the same, each key's meaning as a comment above it
+  rayfl config algorithm=scaffold             an entry's keys with type, default and meaning
+  rayfl config privacy                        one section's keys (no argument: every section)
   rayfl list                                  every algorithm, model, dataset, partitioner and example job
   rayfl run --example digits_fedavg           an example job shipped with rayfl
   rayfl run job.yaml --set algorithm.name=mypkg.fednova:fednova
@@ -40,7 +43,7 @@ examples:
   rayfl bench startup                         a 10-round fedavg-mlp run as a process: seconds outside its rounds
   rayfl bench table bench/*.json              the Markdown table of workload results (docs/benchmarks.md)
 
-algorithms (algorithm.name; `rayfl validate --set algorithm.name=X` prints X's options):
+algorithms (algorithm.name; `rayfl config algorithm=X` prints X's keys and their meaning):
   first order     fedavg fedprox scaffold fedasync fedbuff
   ZO-HFL          zo_hfl
   FedRZO          fedrzo_nn fedrzo_bl fedrzo_minimax fedmspp scaffnew
@@ -133,6 +136,25 @@ def build_parser() -> argparse.ArgumentParser:
                                      "user code named by import path included) and print the resolved config: "
                                      "every key with its value or default.")
     job_args(val)
+    val.add_argument("--explain", action="store_true",
+                     help="print each key's meaning as a YAML comment above it (the output still loads as a job)")
+
+    conf = sub.add_parser(
+        "config", help="every config key with its type, default, allowed values and meaning",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Print config keys with their type, default, allowed values and meaning: every "
+                    "section's keys (no argument), one section's, or the keys of the entry a section "
+                    "names (its own first, then the section's shared ones). The meanings are the "
+                    "comments above the fields of the config dataclasses, as in the configuration "
+                    "reference. For a job's resolved values with their meanings: rayfl validate JOB --explain.",
+        epilog="examples:\n  rayfl config                        every section\n"
+               "  rayfl config privacy system         two sections\n"
+               "  rayfl config algorithm=scaffold     SCAFFOLD's keys\n"
+               "  rayfl config dataset=mnist model=mlp partition=dirichlet callbacks=early_stopping",
+    )
+    conf.add_argument("targets", nargs="*", metavar="SECTION[=ENTRY]",
+                      help="a section (run, data, ..., callbacks), or section=entry for an algorithm, model, "
+                           "dataset, partitioner or callback (default: every section)")
 
     lst = sub.add_parser(
         "list", help="list what a job can name: algorithms, models, datasets, partitioners, examples",
@@ -142,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "rayfl.datasets, rayfl.partitioners), and the example jobs shipped with rayfl. A job "
                     "may also name user code by import path, 'package.module:attr'.",
         epilog="examples:\n  rayfl list                 everything\n  rayfl list models\n"
-               "  rayfl validate --set algorithm.name=fedprox   an entry's keys and defaults",
+               "  rayfl config algorithm=fedprox    an entry's keys, defaults and meanings",
     )
     lst.add_argument("kind", nargs="?", choices=["algorithms", "models", "datasets", "partitions", "examples"],
                      help="one kind (default: all)")
@@ -155,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("path", nargs="?", default="results", help="a run, an experiment or a results root")
     rep.add_argument("--out", default=None, help="where to write figures (default: <path>/report)")
     rep.add_argument("--metric", default="test_accuracy")
+    rep.add_argument("--target", type=float, default=None,
+                     help="metric value compressed runs are timed to (default: the hardest multiple of 0.01 every run reaches)")
 
     bench = sub.add_parser("bench", help="benchmarks that write JSON results")
     bsub = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
@@ -195,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for workload, spec in WORKLOADS.items():
         fa = bsub.add_parser(workload, help=f"{workload}: rayfl vs a plain PyTorch loop doing the same client work "
-                             f"({spec.model}; {spec.data})")
+                             f"({spec.model}; {spec.data})".replace("%", "%%"))  # argparse formats help with %
         fa.add_argument("--rounds", type=int, default=spec.rounds, help="rounds per run (round 0 and the last are not timed)")
         fa.add_argument("--hosts", type=_int_list, default=list(spec.hosts), help="engine.num_hosts values, e.g. 1,2")
         fa.add_argument("--vectorize", type=_vectorize_list, default=list(spec.vectorize),
@@ -394,7 +418,24 @@ def cmd_validate(args: argparse.Namespace) -> int:
     import yaml
 
     cfg = _load(args)
+    planned = cfg.planned_clients()
+    if cfg.privacy.on and planned is not None:  # the privacy budget, as `rayfl run` checks it
+        from rayfl.pipeline.server import resolve_noise
+
+        resolve_noise(cfg, planned)
+    if args.explain:
+        from rayfl.config_explain import explain_yaml
+
+        print(explain_yaml(cfg), end="")
+        return 0
     print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from rayfl.config_explain import describe
+
+    print(describe(args.targets), end="")
     return 0
 
 
@@ -445,7 +486,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from rayfl.report import write_report
 
-    for line in write_report(args.path, Path(args.out) if args.out else None, args.metric):
+    for line in write_report(args.path, Path(args.out) if args.out else None, args.metric, args.target):
         print(line)
     return 0
 
@@ -547,6 +588,7 @@ COMMANDS = {
     "resume": cmd_resume,
     "sweep": cmd_sweep,
     "validate": cmd_validate,
+    "config": cmd_config,
     "list": cmd_list,
     "partition": cmd_partition,
     "report": cmd_report,

@@ -34,10 +34,17 @@ DEFAULT_CLIENTS_PER_ROUND = 10
 class RunConfig:
     """What to run and for how long."""
 
+    # The experiment's name (no '/'): results go under `<output.dir>/<experiment>/`.
     experiment: str = "default"
+    # The seed every random stream of the run derives from (sampling, local minibatches, noise); the
+    # data split too unless data.seed is set. Integer >= 0.
     seed: int = 0
+    # Server rounds to run (> 0); asynchronous algorithms count server steps.
     rounds: int = 50
+    # Evaluate the global model every this many rounds (> 0), and always after the last one.
     eval_every: int = 1
+    # The run's directory name under the experiment; null: `<algorithm>-s<seed>-<time>-<pid>`. A
+    # taken one is an error unless output.overwrite.
     run_id: str | None = None
 
     def validate(self) -> None:
@@ -62,12 +69,24 @@ class DataConfig:
     server first. `seed` fixes the data split and partition (null: run.seed), so run.seed can
     vary the training randomness on one split (FFGG's Table 1 pipeline chains runs that way)."""
 
+    # The dataset entry: a registered name or 'package.module:attr'. Its own keys: rayfl config
+    # data=NAME.
     dataset: str = "synthetic"
+    # Where downloaded or stored files are looked for and written (~ expanded; a relative path is
+    # made absolute against the working directory).
     data_dir: str = "~/.rayfl/data"
+    # Download missing files into data_dir; false: a missing file is an error naming what to fetch.
     download: bool = True
+    # Fraction of a pool dataset held out as the global test set, in [0, 1); datasets with their own
+    # test split ignore it.
     test_fraction: float = 0.2
+    # Fraction of the training pool given to the server before partitioning, in [0, 1) (ZO-HFL's
+    # server data; server_as_client).
     server_fraction: float = 0.0
+    # Cap the pool at this many samples (a seeded subset) before splitting; null: all of it.
     max_samples: int | None = None
+    # Seed of the data split and partition; null: run.seed. Fixing it lets run.seed vary training
+    # randomness on one split.
     seed: int | None = None
 
     def validate(self) -> None:
@@ -130,6 +149,8 @@ class GenericDataConfig(DataConfig):
     """The config of a dataset registered without a config class of its own: `kwargs` are
     handed to its loader as keyword arguments."""
 
+    # Keyword arguments handed to the loader of a dataset registered without a config class (checked
+    # against its signature).
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -147,9 +168,16 @@ class PartitionConfig:
     clients with each client's label mix, `equal` gives each `client_test_size` IID test
     samples (null: pool // clients), for methods that evaluate personalized models."""
 
+    # The partitioner entry: natural keeps a dataset's own clients, the others split the pool (iid,
+    # dirichlet, shards, ...). Its own keys: rayfl config partition=NAME.
     method: str = "natural"
+    # Clients to split the pool into (> 0); with natural, how many of the dataset's own clients to
+    # keep or generate (null: all).
     num_clients: int | None = 100
+    # Per-client test sets for personalized evaluation: none; proportional (the test set split with
+    # each client's label mix); equal (client_test_size IID samples each).
     client_test: Literal["none", "proportional", "equal"] = "none"
+    # Test samples per client with client_test: equal; null: the test pool // number of clients.
     client_test_size: int | None = None
     # The dataset's own clients are kept (natural), not a split of its pool.
     keeps_dataset_clients: ClassVar[bool] = False
@@ -168,6 +196,8 @@ class GenericPartitionConfig(PartitionConfig):
     """The config of a partitioner registered without a config class of its own: `kwargs` are
     handed to it as keyword arguments."""
 
+    # Keyword arguments handed to a partitioner registered without a config class (checked against
+    # its signature).
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -187,9 +217,17 @@ class ModelConfig:
     starts from other parameters instead of a fresh init: a .npy flat vector, or a run directory
     (its checkpoint's model, matched by parameter name; rayfl.models.init_from)."""
 
+    # The model entry: a registered name or 'package.module:attr'. Its own keys: rayfl config
+    # model=NAME.
     name: str = "linear"
+    # Parameter-efficient fine-tuning: none; lora (rank-adapter_rank adapters on weight matrices,
+    # starting as the identity edit); residual (for models that build adapters themselves: resnet18,
+    # transformer).
     adapter: Literal["none", "residual", "lora"] = "none"
+    # Rank of each LoRA / residual adapter (> 0); read only when adapter is not none.
     adapter_rank: int = 16
+    # Start from other parameters instead of a fresh init: a .npy flat vector, or a run directory
+    # (its checkpoint's model, matched by parameter name); null: a fresh seeded init.
     init_from: str | None = None
     # The factory takes `adapter` and `adapter_rank` itself (else LoRA is added around it).
     builds_adapters: ClassVar[bool] = False
@@ -216,6 +254,8 @@ class GenericModelConfig(ModelConfig):
     """The config of a model registered without a config class of its own: `kwargs` are handed
     to its factory as keyword arguments."""
 
+    # Keyword arguments handed to the factory of a model registered without a config class (checked
+    # against its signature).
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -228,14 +268,26 @@ class AlgorithmConfig:
     """Fields every algorithm shares. Each algorithm subclasses this with its own
     hyper-parameters (see `rayfl.algorithms`); `name` picks the subclass."""
 
+    # The algorithm entry: a registered name or 'package.module:attr'. Its own keys: rayfl config
+    # algorithm=NAME.
     name: str = "fedavg"
-    # Set one of the two (the other null); neither gives DEFAULT_CLIENTS_PER_ROUND per round.
+    # Clients sampled uniformly per round (> 0, at most partition.num_clients). Set this or
+    # participation, the other null; neither gives 10.
     clients_per_round: int | None = None
+    # Fraction of all clients sampled per round, in (0, 1] (rounded half up, at least 1); null:
+    # clients_per_round is used.
     participation: float | None = None
+    # Passes over its data each sampled client makes per round (> 0). Set exactly one of
+    # local_epochs and local_steps, the other null.
     local_epochs: int | None = 1
+    # Minibatch steps each sampled client takes per round (>= 0), whatever its data size; null:
+    # local_epochs is used.
     local_steps: int | None = None
+    # Samples per local minibatch (> 0); a client with fewer uses all it has.
     batch_size: int = 32
+    # The clients' local SGD step size (> 0).
     lr: float = 0.05
+    # L2 penalty coefficient added to the local gradient (wd * w), >= 0.
     weight_decay: float = 0.0
     # A client answer with NaN / Inf is never applied: `drop` logs it (outcome nonfinite) and
     # goes on, `fail` stops the run.
@@ -279,6 +331,8 @@ class CallbackConfig:
     """Fields every callback shares. Each callback subclasses this with its own settings (see
     `rayfl.callbacks`); `name` picks it: a registered name or an import path."""
 
+    # The callback entry: a registered name or 'package.module:attr'. Its own keys: rayfl config
+    # callbacks=NAME.
     name: str = ""
 
     def validate(self) -> None:
@@ -291,6 +345,7 @@ class GenericCallbackConfig(CallbackConfig):
     """The config of a callback registered without a config class of its own: its factory
     gets `kwargs` as keyword arguments."""
 
+    # Keyword arguments handed to the factory of a callback registered without a config class.
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -299,6 +354,7 @@ class GenericAlgorithmConfig(AlgorithmConfig):
     """The config of a server loop registered without a config class of its own: it reads
     its own settings from `kwargs`."""
 
+    # Settings handed to a server loop registered without a config class, which reads them itself.
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -307,19 +363,32 @@ class EngineConfig:
     """How clients are placed on Ray. `clients_per_host: auto` packs clients into one host per
     `num_cpus_per_host` CPUs (or per GPU fraction); `1` gives one actor per client."""
 
+    # The Ray to join ('auto', or 'ray://host:10001'); null: RAY_ADDRESS, else a local Ray started
+    # for the run.
     address: str | None = None
+    # Host actors to start, each holding a share of the clients; null: from clients_per_host, else
+    # one per num_cpus_per_host CPUs (or GPU share) of the cluster.
     num_hosts: int | None = None
+    # Clients per host actor (an integer > 0), or auto: hosts are sized from the cluster's CPUs (or
+    # GPUs) and the clients split evenly; ignored when num_hosts is set.
     clients_per_host: int | Literal["auto"] = "auto"
+    # CPUs Ray reserves for each host actor (>= 0; fractions allowed); with auto placement, one host
+    # per this many CPUs.
     num_cpus_per_host: float = 1.0
+    # GPUs Ray reserves for each host (>= 0; 0.25 lets four hosts share one GPU); > 0 puts the
+    # clients' work on the GPU with device auto.
     num_gpus_per_host: float = 0.0
+    # torch intra-op threads in each host process (> 0); keep it at most num_cpus_per_host.
     torch_threads: int = 1
-    # auto: the GPU where Ray gave the host a share (num_gpus_per_host > 0), else the CPU
+    # Where clients compute: auto (the GPU where Ray gave the host a share, num_gpus_per_host > 0,
+    # else the CPU), cpu or cuda.
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    # A host that dies (killed, out of memory, node lost) or hangs past `task_timeout` wall
-    # seconds is replaced: its clients' state restored from the last checkpoint plus the tasks
-    # accepted since, its unfinished tasks re-run with the same seeds. At most `max_restarts`
-    # replacements per run, then the run fails.
+    # Hosts replaced per run (>= 0) after one dies or hangs past task_timeout: its clients' state
+    # comes back from the last checkpoint plus the tasks accepted since, its unfinished tasks re-run
+    # with the same seeds; one more failure fails the run.
     max_restarts: int = 3
+    # Wall seconds a host may take on one call before it counts as hung and is replaced (> 0); null:
+    # no limit.
     task_timeout: float | None = None
     # Seconds to wait for every host to start before failing with what was asked and what the
     # cluster has (an autoscaler may need minutes to add nodes: raise it there).
@@ -327,21 +396,17 @@ class EngineConfig:
     # Fault injection for soak tests: kill a seeded-random host after every this many launched
     # client tasks (0: never).
     kill_host_every: int = 0
-    # Run a host's clients of one call as one batch (rayfl.engine.vectorized) where the
-    # algorithm offers a batched client function: `auto` where batching pays (rayfl's MLP /
-    # linear kernel anywhere, other networks on a GPU), `on` always, `off` never (the plain
-    # loop; results differ from vectorised ones only to float32 tolerance).
+    # Run a host's clients of one call as one batch (rayfl.engine.vectorized) where the algorithm
+    # offers a batched client function: auto where it pays (rayfl's MLP / linear kernel, other
+    # networks on a GPU), on, or off (the plain loop; equal to float32 tolerance).
     vectorize: Literal["auto", "on", "off"] = "auto"
-    # Spread a call's clients over the hosts by their expected work (`auto`) instead of running
-    # each on the host that holds it (`off`), for client functions that keep no state
-    # (rayfl.engine.balance; FedAvg and FedProx): rounds of few clients of unequal sizes end
-    # sooner. The same results either way.
+    # auto spreads a call's clients over the hosts by expected work (rayfl.engine.balance; stateless
+    # client functions: FedAvg, FedProx), so rounds of few unequal clients end sooner; off runs each
+    # on its own host. The same results either way.
     balance: Literal["auto", "off"] = "auto"
-    # Host pre-aggregation: outputs an algorithm only sums (FedAvg's and SCAFFOLD's deltas)
-    # stay on the hosts, which send one exact partial sum each (rayfl.engine.exact_sum), not one
-    # vector per client. Same bits as `off`, for any number of hosts; the driver no longer sums
-    # every client's delta alone (fedavg-mlp on 2 hosts: 0.077 s a round on, 0.105 off).
-    # `auto` is on unless a robust aggregator needs every client's update on the server.
+    # Hosts send one exact partial sum (rayfl.engine.exact_sum) of what the server only sums
+    # (FedAvg's and SCAFFOLD's deltas) instead of one vector per client: the same bits as off. auto
+    # is on unless a robust aggregator needs every update.
     preaggregate: Literal["auto", "on", "off"] = "auto"
     # Warm hosts (rayfl.engine.pool, `rayfl pool start` on a running head): `auto` leases the
     # joined Ray's idle pooled hosts instead of starting fresh ones (CPU hosts only; the same
@@ -378,13 +443,25 @@ class Distribution:
     variance below 2); `low`/`high` scale a uniform; `tiers` draws one of `values` with
     probabilities `probs`. In YAML a bare number means a constant."""
 
+    # The distribution each client's value is drawn from once, seeded: constant; uniform (value *
+    # U(low, high)); lognormal (median value); pareto (minimum value, heavy right tail);
+    # inverse_pareto (value / Pareto draw: at most value, a heavy tail of slow clients); tiers.
     dist: Literal["constant", "uniform", "lognormal", "pareto", "inverse_pareto", "tiers"] = "constant"
+    # The constant, the lognormal median, the Pareto minimum or the inverse_pareto maximum (> 0), in
+    # the field's units.
     value: float = 1.0
+    # lognormal only: the log-space standard deviation (>= 0).
     sigma: float = 0.5
+    # pareto and inverse_pareto only: the tail index (> 0); smaller is heavier, infinite variance
+    # below 2.
     shape: float = 1.5
+    # uniform only: the lower factor on value (0 < low <= high).
     low: float = 0.5
+    # uniform only: the upper factor on value.
     high: float = 1.5
+    # tiers only: the values a client may get (each > 0), one per tier.
     values: list[float] = field(default_factory=list)
+    # tiers only: each tier's probability (>= 0, summing to 1; as many as values).
     probs: list[float] = field(default_factory=list)
 
     def validate_as(self, key: str) -> None:
@@ -414,7 +491,10 @@ class Tier:
     """Explicit tier: a seeded random `fraction` of clients has its speed multiplied by
     `speed_factor` (e.g. fraction 0.1, speed_factor 0.1: 10% of clients are 10x slower)."""
 
+    # The fraction of clients in this tier, in [0, 1] (a seeded random subset, disjoint from the
+    # other tiers'; all tiers' at most 1 together).
     fraction: float = 0.1
+    # The tier's speed multiplier (> 0): 0.1 makes its clients 10x slower.
     speed_factor: float = 0.1
 
 
@@ -424,8 +504,12 @@ class Availability:
     `online_fraction` of every `period` simulated seconds, with a seeded random phase; `trace`:
     the intervals in `system.trace` (columns available_from, available_to)."""
 
+    # When clients are online to be sampled: always; periodic (online_fraction of every period,
+    # seeded phase per client); trace (the intervals of system.trace).
     kind: Literal["always", "periodic", "trace"] = "always"
+    # periodic only: the cycle length in simulated seconds (> 0).
     period: float = 3600.0
+    # periodic only: the fraction of each period a client is online, in (0, 1].
     online_fraction: float = 0.5
 
 
@@ -449,18 +533,40 @@ class SystemConfig:
     Asynchronous algorithms (fedasync, fedbuff) order arrivals on the same clock.
     """
 
+    # Each client's compute speed in FLOP/s (a distribution, or a bare number for a constant); 1e9
+    # is a phone-class effective rate.
     speed: Distribution = field(default_factory=lambda: constant(1e9))
+    # Each client's upload bandwidth in bytes/s (a distribution or a number).
     up_bandwidth: Distribution = field(default_factory=lambda: constant(1.25e6))
+    # Each client's download bandwidth in bytes/s (a distribution or a number).
     down_bandwidth: Distribution = field(default_factory=lambda: constant(2.5e6))
+    # Each client's per-task latency in simulated seconds, added to compute and transfer time (a
+    # distribution or a number; 0 allowed).
     latency: Distribution = field(default_factory=lambda: constant(0.05))
+    # Explicit speed tiers applied after speed is drawn: a list of {fraction, speed_factor}.
     tiers: list[Tier] = field(default_factory=list)
+    # Cost of a forward+backward pass in forward passes (> 0); zeroth-order evaluations count
+    # forward only.
     backward_cost: float = 3.0
+    # Each client task's probability of failing mid-way, in [0, 1]; a dropped task's update is never
+    # applied.
     dropout: float = 0.0
+    # When clients are online (sub-keys below).
     availability: Availability = field(default_factory=Availability)
+    # A CSV or Parquet file of per-client profiles (a client column and any of speed, up_bandwidth,
+    # down_bandwidth, latency, dropout, available_from, available_to) that replaces the drawn ones;
+    # null: none.
     trace: str | None = None
+    # Synchronous round policy: sync waits for every selected client; deadline closes the round
+    # deadline simulated seconds after dispatch; over_selection selects ceil((1 + over_selection) K)
+    # and keeps the first K to finish.
     policy: Literal["sync", "deadline", "over_selection"] = "sync"
+    # policy deadline only: simulated seconds from dispatch to the round's close (> 0).
     deadline: float | None = None
+    # policy deadline only: drop the clients that miss it, or partial (they stop local work in time
+    # and send what they have).
     late_policy: Literal["drop", "partial"] = "drop"
+    # policy over_selection only: the extra fraction of clients selected (>= 0).
     over_selection: float = 0.3
 
     def validate(self) -> None:
@@ -507,15 +613,24 @@ class OutputConfig:
     ends. A run that completes has each table's parts merged into one file (`compact`), so it
     reads back fast; a killed, failed or interrupted one keeps its parts for `rayfl resume`."""
 
+    # Where results go: a local path or a pyarrow filesystem URI (s3://bucket/prefix, gs://...); on
+    # a cluster, an absolute shared path or a URI.
     dir: str = "results"
+    # Write buffered rows as one part file per table once this many are buffered, all tables
+    # together (> 0): bounds the driver's memory.
     flush_rows: int = 50_000
+    # Write buffered rows once the oldest is this many wall seconds old (> 0): what a killed run can
+    # lose.
     flush_seconds: float = 10.0
     # Also flush after every this many server rounds (null: only by rows and time). Runs
     # recorded by older rayfl versions carry 1 here, which still works.
     flush_every_rounds: int | None = None
     # Merge each table's part files into one (a new one per 1,000,000 rows) when a run completes.
     compact: bool = True
+    # Write the clients table (one row per client task: timing, outcome, loss); false keeps only
+    # rounds and evals.
     log_clients: bool = True
+    # Remove an existing run of the same run id first; false: a taken run id is an error.
     overwrite: bool = False
     # Save a checkpoint (server state, client states, clock, tasks in flight) every this many
     # server rounds, and always when a run is stopped by SIGTERM / Ctrl-C; 0 only on a stop.
@@ -705,10 +820,21 @@ def config_from_dict(raw: Mapping[str, Any]) -> Config:
         values = raw.get(name) or {}
         if not isinstance(values, Mapping):
             raise ConfigError(name, "must be a mapping of keys to values")
+        if name == "robust":
+            values = robust_defaults(type(sections["algorithm"]), values)
         sections[name] = build_section(section_class(name, values), values, name)
     cfg = Config(**sections)
     cfg.validate()
     return cfg
+
+
+def robust_defaults(algorithm: type, values: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The `robust:` section, with an algorithm's own default aggregator (BR-FFGG: the
+    authors' bucketed median) where the job names none."""
+    default = getattr(algorithm, "robust_aggregator", None)
+    if default is None or "aggregator" in values:
+        return values
+    return {**values, "aggregator": dict(default)}
 
 
 def build_callbacks(raw: Any) -> list[CallbackConfig]:

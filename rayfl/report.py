@@ -16,14 +16,19 @@ from rayfl.results.plots import (
 )
 from rayfl.results.seeds import seed_table
 from rayfl.results.storage import Location
+from rayfl.results.tradeoffs import write_tradeoffs
 
 MAX_TIMELINES = 8
 
 
-def write_report(path: str | Path, out: Path | None = None, metric: str = "test_accuracy") -> list[str]:
+def write_report(
+    path: str | Path, out: Path | None = None, metric: str = "test_accuracy", target: float | None = None
+) -> list[str]:
     """Load every run under `path` (local or a URI such as `s3://bucket/results`), print a
     summary table and write figures to `out`: by default `<path>/report` for a local path, and
-    `./report/<last name of the URI>` for a remote one (figures are for looking at, here)."""
+    `./report/<last name of the URI>` for a remote one (figures are for looking at, here).
+    Runs with privacy, compression or robust aggregation on also get their trade-offs
+    (rayfl.results.tradeoffs); `target` is the metric value compressed runs are timed to."""
     results = load(path)
     out = out or default_report_dir(path)
     out.mkdir(parents=True, exist_ok=True)
@@ -36,6 +41,8 @@ def write_report(path: str | Path, out: Path | None = None, metric: str = "test_
     if has_metric:
         for x in ("round", "sim_time"):
             lines.append(f"figure: {plot_curves(results, y=metric, x=x, path=out / f'{metric}_vs_{x}.png')}")
+    if has_metric:
+        lines += write_tradeoffs(results, out, metric, target)
     if "train_loss" in results.rounds.columns:
         lines.append(f"figure: {plot_curves(results, y='train_loss', x='round', path=out / 'train_loss_vs_round.png')}")
     runs = results.clients[["experiment", "run_id"]].drop_duplicates().head(MAX_TIMELINES)

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rayfl.callbacks.base import Callback
 from rayfl.config import Config, ConfigError, absolute_local_paths, config_from_manifest
 from rayfl.data import FederatedDataset, build_federated_dataset
@@ -158,6 +160,15 @@ def check_model(cfg: Config, dataset: FederatedDataset) -> None:
     build_model(cfg.model, dataset.input_shape, dataset.num_classes)
 
 
+def check_privacy_budget(cfg: Config, dataset: FederatedDataset) -> None:
+    """The noise a private run will use, and whether its planned epsilon stays under
+    `privacy.max_epsilon`: a one-line error before Ray starts and before a run directory exists."""
+    if cfg.privacy.on:
+        from rayfl.pipeline.server import resolve_noise
+
+        resolve_noise(cfg, int(np.count_nonzero(dataset.client_sizes() > 0)))
+
+
 def check_dataset_object(dataset: Any) -> None:
     """A dataset handed in from Python (not built from the config) is stored with the run so
     `rayfl resume` can continue it: it must be a FederatedDataset with row arrays."""
@@ -184,6 +195,7 @@ def run_experiment(
     handed_in = not getattr(dataset, "from_config", False)  # stored with the run, for resume
     check_dataset_object(dataset)
     check_model(cfg, dataset)
+    check_privacy_budget(cfg, dataset)
     run_id = cfg.run.run_id or default_run_id(cfg)
     check_before_ray(cfg, dataset.num_clients, run_id)
     started_ray = init_ray(cfg)

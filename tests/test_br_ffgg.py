@@ -111,8 +111,10 @@ def test_median_resists_sign_flip_where_the_mean_does_not():
 
 
 def test_br_ffgg_needs_a_robust_aggregator_and_labels_for_label_flip():
+    default = load_config(None, ["algorithm.name=br_ffgg", "robust.attack={name: sign_flip, count: 1}"]).robust.aggregator
+    assert (default.name, default.bucket_size) == ("median", 2)  # the authors' run, where the job names none
     with pytest.raises(ConfigError, match=r"^robust\.aggregator: br_ffgg is ffgg with a robust aggregator; set "):
-        load_config(None, ["algorithm.name=br_ffgg", "robust.attack={name: sign_flip, count: 1}"])
+        load_config(None, ["algorithm.name=br_ffgg", "robust.aggregator={name: mean}"])
     load_config(None, ["algorithm.name=ffgg", "robust.attack={name: sign_flip, count: 1}"])  # the plain-mean control
     quad = ["data.dataset=ffgg_quadratic", "partition.method=natural", "robust.aggregator.name=median"]
     with pytest.raises(ConfigError, match=r"^robust\.attack\.name: label_flip needs labels; data\.dataset 'ffgg_quadratic'"):

@@ -251,7 +251,7 @@ def test_bad_local_and_br_config():
         load_config(None, ["algorithm.name=br_ffgg", "algorithm.participation=0.5", "robust.aggregator.name=median"])
     assert e.value.key == "algorithm.participation"
     with pytest.raises(ConfigError) as e:
-        load_config(None, ["algorithm.name=br_ffgg"])  # Alg. 5 without a robust aggregator is ffgg
+        load_config(None, ["algorithm.name=br_ffgg", "robust.aggregator.name=mean"])  # Alg. 5 with the mean is ffgg
     assert e.value.key == "robust.aggregator"
     with pytest.raises(ConfigError) as e:
         load_config(None, ["data.dataset=ffgg_quadratic", "data.d_w=0"])

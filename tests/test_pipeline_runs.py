@@ -157,3 +157,20 @@ def test_label_flipping_clients_train_on_flipped_labels_and_nobody_else_does(ray
     attackers = [c for c in a.index if c in bad]
     assert honest and attackers
     assert (a[honest] == b[honest]).all() and (a[attackers] != b[attackers]).all()
+
+
+def test_a_run_over_its_privacy_budget_is_refused_before_anything_starts(tmp_path):
+    """`rayfl validate` and `rayfl run` both exit 2 in one line naming privacy.max_epsilon, and
+    the refused run leaves no run directory behind."""
+    import subprocess
+    import sys
+
+    rayfl = str(Path(sys.executable).parent / "rayfl")
+    over = ["--set", "privacy.mode=central", "--set", "privacy.noise_multiplier=0.7", "--set", "privacy.max_epsilon=1.0",
+            "--set", f"output.dir={tmp_path / 'out'}"]
+    for command in ("validate", "run"):
+        done = subprocess.run([rayfl, command, *over], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert done.returncode == 2, done.stderr
+        errors = [line for line in done.stderr.splitlines() if "error" in line]  # `run` first describes the data
+        assert len(errors) == 1 and errors[0].startswith("rayfl: error: privacy.max_epsilon: 50 rounds")
+    assert not (tmp_path / "out").exists()

@@ -164,7 +164,8 @@ NO_RAY: dict[str, Case] = {
         names=("algorithm.server_as_client", "data.server_fraction"),
     ),
     # robustness (the round pipeline's `robust:` section)
-    "br-ffgg-without-a-robust-aggregator": plain("run", "algorithm.name=br_ffgg", names=("robust.aggregator", "ffgg")),
+    "br-ffgg-with-the-plain-mean": plain("run", "algorithm.name=br_ffgg", "robust.aggregator={name: mean}",
+                                         names=("robust.aggregator", "ffgg")),
     "ffgg-aggregator-under-its-old-key": plain(
         "run", "algorithm.name=br_ffgg", "algorithm.aggregator={name: median}", names=("algorithm.aggregator", "robust.aggregator")
     ),

@@ -43,11 +43,21 @@ from rayfl.rng import numpy_rng
 class AsyncFFGGConfig(FFGGConfig):
     uploads: ClassVar[tuple[str, ...]] = ()  # each update is applied alone: no aggregate to make robust
     name: str = "async_ffgg"
+    # K, the jobs in flight at any time (>= 1); each server step applies the earliest to finish.
     concurrency: int = 8
+    # Who runs the next job: theory (a client drawn uniformly from all, busy or not: the proof's
+    # assumption) or worker (the one that just finished: the authors' notebook).
     dispatch: Literal["theory", "worker"] = "theory"
+    # The model a new job starts from: new (theta after this step, Alg. 3 line 6) or old (theta
+    # before it: the proof and the authors' code).
     dispatch_model: Literal["new", "old"] = "new"
+    # gamma_theta of an update of delay d: constant (server_lr, null: 1/L); theory (1/(2 L sqrt(2 K
+    # tau_max)), the quadratic only); delay_adaptive (server_lr * K / max(K, d)).
     step_rule: Literal["constant", "theory", "delay_adaptive"] = "constant"
+    # The delay bound step_rule theory assumes (>= 1); null otherwise.
     tau_max: int | None = None
+    # Drop updates whose delay exceeds this many server steps (>= 0, A5's bound enforced); null:
+    # keep all.
     max_staleness: int | None = None
 
     def validate(self) -> None:

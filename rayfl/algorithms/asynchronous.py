@@ -29,10 +29,16 @@ class AsyncConfig(FedAvgConfig):
     uploads: ClassVar[tuple[str, ...]] = ()  # each arrival is applied alone: nothing to aggregate
     asynchronous: ClassVar[bool] = True  # no sampling a privacy accountant could assume
 
+    # Clients training at any time (>= 1): a finished one is replaced by a new idle client at once.
     concurrency: int = 10
+    # The weight s(t) of an update t server steps stale: constant 1, polynomial (1 + t)^-a, hinge (1
+    # for t <= b, else 1 / (a (t - b) + 1)).
     staleness: Literal["constant", "polynomial", "hinge"] = "polynomial"
+    # a of the polynomial and hinge staleness weights (>= 0).
     staleness_a: float = 0.5
+    # b of the hinge staleness weight (>= 0): the staleness kept at full weight.
     staleness_b: float = 4.0
+    # Discard updates staler than this many server steps; null: keep all.
     max_staleness: int | None = None
 
     def validate(self) -> None:
@@ -55,6 +61,8 @@ class FedAsyncConfig(AsyncConfig):
     [0.5, 0.9] and polynomial a = 0.5."""
 
     name: str = "fedasync"
+    # The mixing weight of an arrival, in (0, 1]: x <- (1 - a_t) x + a_t x_client with a_t = mixing
+    # * s(staleness); the paper uses 0.5-0.9.
     mixing: float = 0.6
 
     def validate(self) -> None:
@@ -73,6 +81,8 @@ class FedBuffConfig(AsyncConfig):
     uploads: ClassVar[tuple[str, ...]] = ("delta",)  # the buffer is a weighted sum of them
 
     name: str = "fedbuff"
+    # K, client deltas buffered per server step (>= 1): x <- x + server_lr * (sum of
+    # staleness-scaled deltas) / K.
     buffer_size: int = 10
 
     def validate(self) -> None:

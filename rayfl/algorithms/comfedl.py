@@ -59,15 +59,32 @@ class ComFedLConfig(AlgorithmConfig):
     local_epochs: int | None = None
     local_steps: int | None = 5
     lr: float = 0.01
+    # gamma of the outer function g = exp(q / gamma): the KL weight / temperature (> 0); smaller is
+    # more robust.
     gamma: float = 0.2
+    # The outer function g: exp (ComFedL) or identity (plain local SGD).
     outer: Literal["exp", "identity"] = "exp"
+    # How g'(q) enters the step: normalized (exp((q - c_s) / gamma) with c_s shared in the round:
+    # the literal step at a rescaled lr) or literal (exp(q / gamma) / gamma, which overflows at the
+    # paper's settings).
     weighting: Literal["normalized", "literal"] = "normalized"
+    # The cap on the exponent of the normalized weight (> 0).
     clamp: float = 30.0
+    # The composed loss q: loss (the minibatch cross-entropy: distributionally robust FL) or maml
+    # (the query loss after one inner step: ComFedL-DAMAML).
     objective: Literal["loss", "maml"] = "loss"
+    # objective maml only: b1, the query batch size (> 0).
     outer_batch_size: int = 32
+    # objective maml only: alpha, the inner step on the support batch (> 0).
     inner_lr: float = 0.05
+    # objective maml only: differentiate through the inner step (first order is a deviation from the
+    # paper).
     second_order: bool = True
+    # How the server averages the returned models: uniform (the paper's line 17) or samples (by n_i,
+    # FedAvg's).
     average: Literal["uniform", "samples"] = "uniform"
+    # At each evaluation, also measure every client's train and validation accuracy (average and
+    # worst).
     client_eval: bool = True
 
     def validate(self) -> None:

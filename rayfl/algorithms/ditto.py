@@ -46,10 +46,14 @@ class DittoConfig(AlgorithmConfig):
 
     name: str = "ditto"
     lr: float = 0.2
+    # The step size of each client's personal model (> 0).
     personal_lr: float = 0.2
+    # lambda, the pull of the personal model v towards the broadcast w: its step adds lam (v - w)
+    # (>= 0).
     lam: float = 0.1
     local_epochs: int | None = None
     local_steps: int | None = 5
+    # How the global model's deltas are averaged: uniform or samples (by n_i).
     weighting: Literal["uniform", "samples"] = "uniform"
 
     def validate(self) -> None:

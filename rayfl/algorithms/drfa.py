@@ -40,10 +40,18 @@ class DRFAConfig(AlgorithmConfig):
     local_epochs: int | None = None
     local_steps: int | None = 5
     lr: float = 0.01
+    # The step size of the client weights lambda (>= 0; ComFedL's gamma of DRFL): lambda <-
+    # Proj_simplex(lambda + weight_lr * tau * v).
     weight_lr: float = 0.08
+    # weighted (clients sampled uniformly and averaged with their lambda weights: the authors' code)
+    # or sampling (clients sampled by lambda: the paper's Alg. 1).
     variant: Literal["weighted", "sampling"] = "weighted"
+    # variant weighted only: weight_lr is multiplied by this every round, in (0, 1].
     weight_lr_decay: float = 0.9
+    # variant weighted only: lambda's floor after each projection (then renormalised), in [0, 1).
     weight_floor: float = 1e-3
+    # At each evaluation, also measure every client's train and validation accuracy (average and
+    # worst).
     client_eval: bool = True
 
     def validate(self) -> None:

@@ -52,13 +52,27 @@ class FedAvgConfig(AlgorithmConfig):
     uploads: ClassVar[tuple[str, ...]] = ("delta",)
 
     name: str = "fedavg"
+    # The server's step on the weighted mean client delta (> 0): x <- x + server_lr * mean delta;
+    # 1.0 is the plain average.
     server_lr: float = 1.0
+    # How client deltas are averaged: samples (by each client's n_k, as in the paper) or uniform.
     weighting: Literal["samples", "uniform"] = "samples"
+    # Per-client, per-round local steps H_{i,r} (ZO-HFL's ceil(tau sqrt(r + 1))) replacing
+    # local_epochs / local_steps; null: those. Sub-keys below.
     local_schedule: StepsSchedule | None = None
+    # The local step size within a round: constant lr, or harmonic lr / (t + lr_offset) at in-round
+    # step t.
     lr_schedule: Literal["constant", "harmonic"] = "constant"
+    # The offset of the harmonic schedule (> 0): lr / (t + lr_offset).
     lr_offset: float = 1.0
+    # Train on the server's data (data.server_fraction > 0) as an extra, always-on client: an
+    # ablation.
     server_as_client: bool = False
+    # The server's step on the mean delta: sgd, or adam (FedAdam on the pseudo-gradient -mean delta
+    # at server_lr); sub-keys below.
     server_optimizer: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
+    # A schedule of the clients' lr across rounds (warm-up and linear decay, or step halving);
+    # sub-keys below.
     round_lr: RoundLRConfig = field(default_factory=RoundLRConfig)
 
     def validate(self) -> None:
@@ -77,6 +91,8 @@ class FedProxConfig(FedAvgConfig):
     mu/2 * ||w - w_global||^2. Typical mu in {0.001, 0.01, 0.1, 1}; mu = 0 is FedAvg."""
 
     name: str = "fedprox"
+    # The proximal weight: each client minimises its loss + mu/2 ||w - w_global||^2 (>= 0; 0 is
+    # FedAvg). Typical: 0.001-1.
     mu: float = 0.01
 
     def validate(self) -> None:
@@ -94,6 +110,7 @@ class ScaffoldConfig(FedAvgConfig):
     uploads: ClassVar[tuple[str, ...]] = ("delta", "delta_control")
 
     name: str = "scaffold"
+    # SCAFFOLD averages uniformly, as the paper does.
     weighting: Literal["samples", "uniform"] = "uniform"
 
     def validate(self) -> None:

@@ -35,7 +35,10 @@ class FedAvgAdaptConfig(FedAvgConfig):
     lr: float = 0.1
     local_epochs: int | None = None
     local_steps: int | None = 5
+    # SGD steps each client takes from the global model on its training data before its validation
+    # measurement (>= 0): FedAvg "with one step at test time".
     eval_adapt_steps: int = 1
+    # The step size of those evaluation steps (> 0); null: lr.
     eval_adapt_lr: float | None = None
 
     def validate(self) -> None:

@@ -43,7 +43,10 @@ class FedMSPPConfig(AlgorithmConfig):
     participation: float | None = 1.0
     local_epochs: int | None = None
     local_steps: int | None = 5
+    # The size of the one minibatch B_i each client draws per round and solves the proximal problem
+    # on.
     batch_size: int = 64
+    # gamma_p, the proximal parameter of 1 / (2 gamma_p) ||x - x_r||^2 (> 0); null: lr.
     prox_lr: float | None = None
 
     def validate(self) -> None:

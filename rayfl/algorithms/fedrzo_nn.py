@@ -60,13 +60,23 @@ class FedRZONNConfig(AlgorithmConfig):
     clients_per_round: int | None = None
     participation: float | None = 1.0
     local_epochs: int | None = None
+    # H, zeroth-order local steps per round (H = 1: parallel ZO SGD, communicating every step).
     local_steps: int | None = 5
+    # Per-client, per-round H_{i,r} (rayfl.zo.schedules) instead of local_steps; null: local_steps.
+    # Sub-keys below.
     local_schedule: StepsSchedule | None = None
     batch_size: int = 64
+    # gamma, the zeroth-order local step size (with a constraint, gamma <= eta).
     lr: float = 1e-3
+    # The smoothing radius: each step's direction v is uniform on the sphere of radius eta (> 0).
     eta: float = 0.01
+    # The gradient estimate: forward ((n / eta^2)(f(x + v) - f(x)) v, the paper's) or central ((n /
+    # 2eta)(f(x + eta u) - f(x - eta u)) u).
     estimator: Literal["forward", "central"] = "forward"
+    # Every client's set X_i, entering through the Moreau envelope (sub-keys below); kind none: R^n.
     constraint: ConstraintConfig = field(default_factory=ConstraintConfig)
+    # Per-client sets: client i's X_i is item i (personalized constraints); empty: constraint for
+    # all.
     client_constraints: list[ConstraintConfig] = field(default_factory=list)
 
     def validate(self) -> None:

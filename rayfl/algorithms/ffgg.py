@@ -60,13 +60,26 @@ class FFGGConfig(AlgorithmConfig):
 
     uploads: ClassVar[tuple[str, ...]] = ("delta",)
     name: str = "ffgg"
+    # How each client fine-tunes its personal w: gd (tau steps of Alg. 2 with step w_lr); cg or
+    # exact (the quadratic only).
     solver: Literal["gd", "cg", "exact"] = "gd"
+    # Fine-tuning steps of w per round (>= 0), before theta's gradient is taken.
     tau: int = 10
+    # Networks: fine-tune w for this many epochs instead of tau steps (>= 1); null: tau steps.
     tau_epochs: int | None = None
+    # Where fine-tuning starts: random (N(0, I) on the quadratic, the module's init on networks),
+    # zero, or warm (the client's last committed w).
     w_init: Literal["random", "zero", "warm"] = "random"
+    # gamma_w, the fine-tuning step size (> 0); null: 1/L_w on the quadratic, algorithm.lr on
+    # networks.
     w_lr: float | None = None
+    # gamma_theta, the server's step on the mean Delta (> 0); null: 1/L on the quadratic, 1.0 on
+    # networks.
     server_lr: float | None = None
+    # Which network parameters are personal (w, never uploaded): none, input, output (first / last
+    # layer), adapter, adapter_norm, all, or patterns; ignored on the quadratic.
     personal_scheme: str = "output"
+    # With personal_scheme patterns: parameter-name globs whose matches are personal.
     personal_patterns: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
@@ -98,8 +111,13 @@ class LocalFFGGConfig(FFGGConfig):
     scheduler)."""
 
     name: str = "local_ffgg"
+    # The local theta step of the alternating (w, theta) steps (> 0); null: 1/L on the quadratic,
+    # algorithm.lr on networks.
     theta_lr: float | None = None
+    # The server's step on the mean model delta: sgd at server_lr (null: 1), or adam (FedAdam);
+    # sub-keys below.
     server_optimizer: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
+    # A schedule across rounds scaling both client step sizes (w and theta); sub-keys below.
     round_lr: RoundLRConfig = field(default_factory=RoundLRConfig)
 
     def validate(self) -> None:
@@ -113,11 +131,14 @@ class LocalFFGGConfig(FFGGConfig):
 @dataclass
 class BRFFGGConfig(FFGGConfig):
     """BR-FFGG (Alg. 5): full participation (Alg. 5 samples nobody) and a robust aggregator, set
-    in the job's `robust:` section (the authors' Byzantine run, spec 6.28: `robust: {aggregator:
-    {name: median, bucket_size: 2}}`); the pipeline refuses the plain mean for it."""
+    in the job's `robust:` section; a job that names none gets the authors' Byzantine run's
+    (spec 6.28: `{name: median, bucket_size: 2}`), and the plain mean is refused."""
 
     robust_variant_of: ClassVar[str] = "ffgg"  # what it is without a robust aggregator
+    # the job's robust.aggregator when it names none: the authors' Byzantine run (spec 6.28)
+    robust_aggregator: ClassVar[dict[str, Any]] = {"name": "median", "bucket_size": 2}
     name: str = "br_ffgg"
+    # Full participation by default, as Alg. 5 samples nobody.
     participation: float | None = 1.0
     clients_per_round: int | None = None
 

@@ -38,7 +38,9 @@ class QuadraticBaselineConfig(AlgorithmConfig):
     name: str = "local_gd"
     clients_per_round: int | None = None
     participation: float | None = 1.0
+    # Local gradient steps per round (>= 1; L2GD: the expected steps between averagings, p = 1/tau).
     tau: int = 100
+    # A fixed local step size eta; null: the paper's 1/(L_f tau) (algorithm.lr is ignored).
     fixed_lr: float | None = None
 
     def validate(self) -> None:
@@ -54,7 +56,9 @@ class QuadraticBaselineConfig(AlgorithmConfig):
 @dataclass
 class QuadraticScaffoldConfig(QuadraticBaselineConfig):
     name: str = "scaffold_quadratic"
+    # eta_g, the server's step on the mean (y - x).
     server_lr: float = 0.5
+    # SCAFFOLD's control-variate update: I (c_m = grad f_m(x)) or II (c_m - c + (x - y)/(tau eta)).
     option: Literal["I", "II"] = "I"
 
     def validate(self) -> None:
@@ -68,8 +72,11 @@ class L2GDConfig(QuadraticBaselineConfig):
     """`p` null: 1/tau; `alpha` null: M / (2 max{L_f/(1-p), lam/p})."""
 
     name: str = "l2gd"
+    # lambda, the strength of the pull of each personal model towards the mean (> 0).
     lam: float = 0.1
+    # The probability of an averaging step at each step, in (0, 1); null: 1/tau.
     p: float | None = None
+    # The step size (> 0); null: M / (2 max{L_f/(1-p), lam/p}).
     alpha: float | None = None
 
     def validate(self) -> None:

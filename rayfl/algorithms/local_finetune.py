@@ -38,9 +38,14 @@ class LocalFinetuneConfig(AlgorithmConfig):
     gradient (StackOverflow's 0.1), null for none."""
 
     name: str = "local_finetune"
+    # Which parameters each client fine-tunes, the rest frozen: none, input, output, adapter,
+    # adapter_norm, all (full fine-tuning) or patterns.
     personal_scheme: str = "all"
+    # With personal_scheme patterns: parameter-name globs whose matches are fine-tuned.
     personal_patterns: list[str] = field(default_factory=list)
+    # Epochs of fine-tuning on each client's data (5 in the FFGG paper).
     local_epochs: int | None = 5
+    # Clip each step's gradient to this L2 norm (StackOverflow: 0.1); null: no clipping.
     max_grad_norm: float | None = None
 
     def validate(self) -> None:

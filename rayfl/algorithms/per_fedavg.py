@@ -50,12 +50,20 @@ class MAMLConfig(AlgorithmConfig):
     of b training samples before the validation measurement (spec A14)."""
 
     local_epochs: int | None = None
+    # tau, the MAML local steps per round, each on a fresh support and query batch.
     local_steps: int | None = 5
+    # alpha, the inner adaptation step on the support batch (> 0).
     inner_lr: float = 0.1
+    # b1, the query batch size (batch_size is the support batch's, b).
     outer_batch_size: int = 32
+    # Differentiate through the inner step (false: the first-order variant, Hessian term dropped).
     second_order: bool = True
+    # How the server averages the clients' models: uniform (the paper's) or samples (by n_i).
     weighting: Literal["uniform", "samples"] = "uniform"
+    # SGD steps each client takes on one batch of its training data before its validation
+    # measurement (>= 0).
     eval_adapt_steps: int = 1
+    # The step size of those evaluation steps; null: inner_lr.
     eval_adapt_lr: float | None = None
 
     def validate(self) -> None:
@@ -81,6 +89,7 @@ class PerFedAvgConfig(MAMLConfig):
     """Per-FedAvg / FedMAML at ComFedL's CIFAR setting: alpha = beta = 0.1, tau = 5."""
 
     name: str = "per_fedavg"
+    # beta, the outer (meta) step size.
     lr: float = 0.1
 
 

@@ -32,8 +32,13 @@ class QFedAvgConfig(AlgorithmConfig):
     name: str = "qfedavg"
     local_epochs: int | None = None
     local_steps: int | None = 5
+    # The local SGD step size; also sets L = 1 / lr in Delta_k and h_k.
     lr: float = 0.01
+    # The fairness exponent (>= 0): the objective is sum_k F_k^(q+1) / (q+1); 0 is FedAvg with a
+    # uniform average.
     q: float = 0.2
+    # At each evaluation, also measure every client's train and validation accuracy (average and
+    # worst).
     client_eval: bool = True
 
     def validate(self) -> None:

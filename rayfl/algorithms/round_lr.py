@@ -18,9 +18,14 @@ class RoundLRConfig:
     """kind: constant, linear (warm-up over warmup_fraction of the rounds, then linear decay to
     0 at the last round) or step (times `factor` every `step_rounds` rounds)."""
 
+    # The clients' lr across rounds: constant; linear (warm-up over warmup_fraction of the rounds,
+    # then linear decay towards 0 at the last); step (times factor every step_rounds rounds).
     kind: Literal["constant", "linear", "step"] = "constant"
+    # linear only: the fraction of rounds spent warming up, in [0, 1).
     warmup_fraction: float = 0.1
+    # step only: rounds between two multiplications by factor (>= 1).
     step_rounds: int = 500
+    # step only: the multiplier applied every step_rounds rounds (> 0; 0.5 halves).
     factor: float = 0.5
 
     def validate_as(self, key: str) -> None:

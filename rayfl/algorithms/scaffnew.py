@@ -44,8 +44,12 @@ class ScaffnewConfig(AlgorithmConfig):
     clients_per_round: int | None = None
     participation: float | None = 1.0
     local_epochs: int | None = None
+    # H: the expected local steps per communication when p is null (p = 1 / H).
     local_steps: int | None = 5
+    # The minibatch of each local step.
     batch_size: int = 64
+    # The probability, common to all clients, of communicating after each local step, in (0, 1];
+    # null: 1 / local_steps.
     p: float | None = None
 
     def validate(self) -> None:

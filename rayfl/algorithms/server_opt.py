@@ -21,9 +21,14 @@ from rayfl.config import ConfigError
 class ServerOptimizerConfig:
     """name: sgd (x + server_lr * mean delta) or adam (FedAdam); beta1, beta2, eps: Adam's."""
 
+    # The server optimizer on the pseudo-gradient g = -mean delta: sgd (x + server_lr * mean delta)
+    # or adam (FedAdam, bias-corrected moments kept in checkpoints).
     name: Literal["sgd", "adam"] = "sgd"
+    # adam only: the first moment's decay, in [0, 1).
     beta1: float = 0.9
+    # adam only: the second moment's decay, in [0, 1).
     beta2: float = 0.999
+    # adam only: added to the root of the second moment (> 0).
     eps: float = 1e-8
 
     def validate_as(self, key: str) -> None:

@@ -38,8 +38,10 @@ class TRMAMLConfig(MAMLConfig):
     """Federated TR-MAML at ComFedL's CIFAR setting: alpha = 0.05, beta = 0.1, weight lr 0.08."""
 
     name: str = "tr_maml"
+    # beta, the outer (meta) step size.
     lr: float = 0.1
     inner_lr: float = 0.05
+    # The step size of the task weights p: p <- Proj_simplex(p + weight_lr * tau * v).
     weight_lr: float = 0.08
 
     def validate(self) -> None:

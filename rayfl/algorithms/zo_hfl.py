@@ -84,27 +84,59 @@ class ZOHFLConfig(AlgorithmConfig):
     name: str = "zo_hfl"
     local_epochs: int | None = None
     local_steps: int | None = None
+    # H_{i,r}, each client's projected-SGD steps per solve in round r (sqrt with tau 20: Table I);
+    # sub-keys below.
     local_schedule: StepsSchedule = field(default_factory=StepsSchedule)
+    # The clients' lower-level minibatch size.
     batch_size: int = 64
+    # The clients' base step: step t of a solve uses lr / (t + lr_offset) (0.1 / (t + 1) in the
+    # paper).
     lr: float = 0.1
+    # The offset of the clients' harmonic step lr / (t + lr_offset) (> 0).
     lr_offset: float = 1.0
+    # gamma_0, the server's base step: gamma_r = server_lr / (r + 1)^server_lr_power (> 0).
     server_lr: float = 0.01
+    # p of gamma_r = gamma_0 / (r + 1)^p (>= 0); p in (1/2, 1] for Thm 2's almost-sure result.
     server_lr_power: float = 0.5
+    # The server's minibatch of its own data per round for f1 (>= 1).
     server_batch_size: int = 64
+    # SGD steps on f1 before the first round (>= 0; 0: the paper's f1 term is its only
+    # pre-training).
     server_pretrain_steps: int = 0
+    # The smoothing radius of the two-point estimate at x_r +- eta v (> 0).
     eta: float = 0.1
+    # lambda of the penalty f2 = lam/2 ||x - y||^2 (>= 0; 0 is server-only SGD, the clients not
+    # called).
     lam: float = 1.0
+    # mu of the clients' lower level CE + mu/2 ||x - y||^2 (>= 0): larger keeps clients near x under
+    # extreme heterogeneity.
     mu: float = 0.1
+    # The clients' weights w_i: data_size (N_i / sum_j N_j, Sec. IV) or uniform (1/m, the theory).
     weights: Literal["data_size", "uniform"] = "data_size"
+    # How the round's clients combine: participants (weights renormalised over them), unbiased
+    # (scaled by m / |S_r|), all_clients (every client called, H = 0 for those not sampled).
     aggregation: Literal["participants", "unbiased", "all_clients"] = "participants"
+    # common (both solves of a client use the same minibatches, so the d / 2eta factor does not
+    # amplify SGD noise) or independent.
     randomness: Literal["common", "independent"] = "common"
+    # per_client (an independent v_{i,r} per client: the paper's) or shared (one v_r for all).
     directions: Literal["per_client", "shared"] = "per_client"
+    # x_0: zeros (the paper's) or model (the model's initialisation).
     init: Literal["zeros", "model"] = "zeros"
+    # Where both solves start: warm (the client's last (y+ + y-)/2, projected) or input (x_r +- eta
+    # v).
     client_init: Literal["warm", "input"] = "warm"
+    # Y_i(x), the set every lower-level step is projected on (sub-keys below); kind none: R^d.
     constraint: ConstraintConfig = field(default_factory=ConstraintConfig)
+    # How v travels: vector (d floats) or seed (8 bytes; needs direction_radius unit).
     send_direction: Literal["vector", "seed"] = "vector"
+    # What clients send: models (y+ and y-) or scalars (f2(x+, y+), f2(x-, y-) and the logged loss's
+    # term).
     upload: Literal["models", "scalars"] = "models"
+    # The n of n / (2 eta) in the estimate (>= 1); null: the number of parameters d (Lemma 7).
     zo_dimension: int | None = None
+    # Where v is drawn: unit (the unit sphere: Alg. 1, Lemma 7) or eta (the sphere of radius eta:
+    # Sec. II's sentence).
     direction_radius: Literal["unit", "eta"] = "unit"
 
     def validate(self) -> None:

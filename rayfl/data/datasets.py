@@ -62,7 +62,11 @@ class OfficialConfig(DataConfig):
     re-splits with `test_fraction` (ZO-HFL's 90/10), `official` keeps the dataset's own test set.
     `max_samples` caps train + test (keeping their ratio with an official split)."""
 
+    # Which official files are read: full (train and test) or test_only (only the test files, split
+    # like a pool: e.g. MNIST's 10,000 test images offline).
     source: Literal["full", "test_only"] = "full"
+    # official keeps the dataset's own test set; pooled pools train and test and re-splits with
+    # test_fraction (ZO-HFL's 90/10).
     split: Literal["official", "pooled"] = "official"
 
     def validate(self) -> None:

@@ -64,11 +64,19 @@ class HfSource(DataConfig):
     DatasetDict (test_split null: the train split alone, split with test_fraction).
     `cache_dir`: where `load_dataset` keeps what it prepares (null: Hugging Face's default)."""
 
+    # A save_to_disk directory, a local directory or file load_dataset reads, or a Hub name such as
+    # ylecun/mnist. Set this or data_files.
     path: str = ""
+    # The Hub dataset's configuration; null: its default.
     name: str | None = None
+    # Local data files instead of path: a list (the train split) or a mapping split -> file(s);
+    # globs allowed.
     data_files: list[str] | dict[str, Any] | None = None
+    # The train split of a DatasetDict.
     split: str = "train"
+    # The test split of a DatasetDict; null: the train split alone, split with test_fraction.
     test_split: str | None = None
+    # Where load_dataset keeps what it prepares; null: Hugging Face's default.
     cache_dir: str | None = None
 
     def validate(self) -> None:
@@ -93,8 +101,12 @@ class HfConfig(ColumnConfig, HfSource):
     `tokenizer` (an import path "package.module:attr" of a function text -> token ids; 0 pads)."""
 
     dataset: str = "hf"
+    # A string column made into seq_len token ids by tokenizer (instead of image or feature
+    # columns); null: none.
     text_column: str | None = None
+    # text_column's tokenizer: 'package.module:attr' of a function text -> token ids (0 pads).
     tokenizer: str | None = None
+    # Token ids per text sample, padded or truncated (> 0).
     seq_len: int = 64
 
     def validate(self) -> None:

@@ -41,10 +41,17 @@ class LookalikeConfig(DataConfig):
     the last `test_fraction` of each client's samples are its test set."""
 
     dataset: str = "lookalike"
+    # The benchmark whose shapes are generated: femnist (28x28 grayscale, 62 classes), cifar10
+    # (32x32 RGB, 10 classes) or shakespeare (80-character sequences, 80 symbols).
     like: Literal["femnist", "cifar10", "shakespeare"] = "femnist"
+    # mu of each client's size floor(lognormal(mu, sigma)) + min_client_samples; null: like's own
+    # law.
     size_mu: float | None = None
+    # sigma of the client-size lognormal (>= 0); null: like's own law.
     size_sigma: float | None = None
+    # The smallest client's samples (>= 2: one train, one test); null: like's own law.
     min_client_samples: int | None = None
+    # The cap on a client's samples (>= min_client_samples); null: like's own law.
     max_client_samples: int | None = None
 
     def validate(self) -> None:

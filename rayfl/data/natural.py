@@ -30,9 +30,14 @@ class NaturalDataConfig(DataConfig):
     seeded subsample of `max_clients` of them (null: all); each keeps at most `max_client_train`
     training samples (its first ones, as TFF orders them; null: all)."""
 
+    # Keep only users with at least this many training samples (>= 0).
     min_client_train: int = 0
+    # Keep only users with at least this many test samples (>= 0).
     min_client_test: int = 0
+    # A seeded subsample of this many of the kept users (> 0); null: all.
     max_clients: int | None = None
+    # Each user keeps at most this many training samples, its first as TFF orders them (> 0); null:
+    # all.
     max_client_train: int | None = None
 
     def validate(self) -> None:
@@ -57,7 +62,9 @@ class StackOverflowConfig(NaturalDataConfig):
     sequences of `seq_len` tokens (FFGG's Table 1 uses 10,000 and 20)."""
 
     dataset: str = "stackoverflow"
+    # The most frequent words kept as the vocabulary (> 0); others are out-of-vocabulary.
     vocab_size: int = 10000
+    # Tokens per sequence (> 0).
     seq_len: int = 20
 
     def validate(self) -> None:
@@ -73,6 +80,7 @@ class GLDv2Config(NaturalDataConfig):
     `image_size`, `test_fraction` of each user's images as its test set."""
 
     dataset: str = "gldv2"
+    # The side images are resized to, in pixels (> 0).
     image_size: int = 224
 
     def validate(self) -> None:

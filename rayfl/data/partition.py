@@ -98,7 +98,10 @@ class DirichletConfig(PartitionConfig):
     skewed; 0.1 to 1 is the usual range), redrawn until every client has `min_size` samples."""
 
     method: str = "dirichlet"
+    # The Dirichlet concentration of each class's split across clients (> 0): smaller is more
+    # skewed; 0.1-1 is the usual range.
     alpha: float = 0.5
+    # The split is redrawn until every client has at least this many samples (>= 0).
     min_size: int = 10
 
     def validate(self) -> None:
@@ -114,7 +117,9 @@ class QuantitySkewConfig(PartitionConfig):
     """One random client gets `big_client_size` samples, every other `small_client_size`."""
 
     method: str = "quantity_skew"
+    # Samples of the one random big client (> 0).
     big_client_size: int = 5000
+    # Samples of every other client (> 0).
     small_client_size: int = 20
 
     def validate(self) -> None:
@@ -130,7 +135,10 @@ class DominantClassConfig(PartitionConfig):
     classes; `samples_per_client` each (null: pool // clients). rho = 1/C is IID."""
 
     method: str = "dominant_class"
+    # The fraction of client i's data from its dominant class i mod C, in [0, 1]; the rest spread
+    # over the next classes (1/C is IID).
     rho: float = 0.8
+    # Samples per client (> 0); null: pool // clients.
     samples_per_client: int | None = None
 
     def validate(self) -> None:
@@ -147,6 +155,7 @@ class ShardsConfig(PartitionConfig):
     `shards_per_client` random ones (2 is McMahan et al.'s pathological non-IID)."""
 
     method: str = "shards"
+    # Label-sorted shards each client gets (> 0); 2 is McMahan et al.'s pathological non-IID.
     shards_per_client: int = 2
 
     def validate(self) -> None:

@@ -33,16 +33,28 @@ class SyntheticConfig(DataConfig):
     the population; the global test set is the held-out rows of the first `eval_clients`."""
 
     dataset: str = "synthetic"
+    # How much the client models differ: u_k ~ N(0, alpha) (>= 0).
     alpha: float = 1.0
+    # How much the client inputs differ: B_k ~ N(0, beta) (>= 0).
     beta: float = 1.0
+    # FedProx's Synthetic-IID instead: one shared model and input law for every client.
     iid: bool = False
+    # Input dimensions (> 0).
     features: int = 60
+    # Labels (>= 2).
     classes: int = 10
+    # mu of each device's size floor(lognormal(mu, sigma)) + min_client_samples.
     size_mu: float = 4.0
+    # sigma of the device-size lognormal.
     size_sigma: float = 2.0
+    # The smallest device's samples (>= 2: one train, one test).
     min_client_samples: int = 50
+    # The cap on a device's samples (>= min_client_samples).
     max_client_samples: int = 2000
+    # Generate the population on demand on the hosts, so memory follows a round's clients (needs
+    # partition.method natural and server_fraction 0).
     lazy: bool = False
+    # lazy only: the global test set is the held-out rows of the first this many clients (> 0).
     eval_clients: int = 1000
 
     def validate(self) -> None:

@@ -86,13 +86,27 @@ class ColumnConfig(DataConfig):
     missing from the file (null: the largest label + 1, or the distinct labels). `batch_rows`:
     rows per record batch read (null: 8192, or 256 with encoded images or texts)."""
 
+    # The column holding each row's class.
     label_column: str = "label"
+    # The column holding each row's own client (a writer id, a user id), for partition.method
+    # natural; null: none.
     client_column: str | None = None
+    # Numeric feature columns, one value each; null: every column but the label and client ones. Set
+    # at most one of feature_columns, features_column, image_column.
     feature_columns: list[str] | None = None
+    # One list column holding each row's features (fixed-size list or list of numbers; nested lists
+    # flattened).
     features_column: str | None = None
+    # A column of encoded images (PNG / JPEG bytes), decoded into float32 [C, H, W] in [0, 1];
+    # Parquet and hf only.
     image_column: str | None = None
+    # Reshape each row's numbers, e.g. [1, 28, 28] for 784 pixel columns; null: [D], or a nested
+    # list's own dims.
     shape: list[int] | None = None
+    # The class count when a class may be missing from the file (>= 2); null: the largest label + 1,
+    # or the distinct labels.
     num_classes: int | None = None
+    # Rows per record batch read (> 0); null: 8192, or 256 with encoded images or texts.
     batch_rows: int | None = None
 
     def validate(self) -> None:
@@ -150,7 +164,10 @@ class PathConfig(DataConfig):
     URI such as s3://bucket/key) and `test_path`, an own test split with the same columns
     (null: rayfl splits off `test_fraction`)."""
 
+    # The table: a file, a directory of part files or a glob; a local path or a URI such as
+    # s3://bucket/key.
     path: str = ""
+    # An own test split with the same columns; null: split off test_fraction.
     test_path: str | None = None
 
     def validate(self) -> None:
@@ -181,6 +198,8 @@ class ParquetConfig(TableConfig):
     Both give the same samples, so the same results."""
 
     dataset: str = "parquet"
+    # Who reads the train features: off (the driver, shipped to the hosts), on (each host its own
+    # clients' rows: files every host can reach), auto (on above 64 MiB of features).
     read_on_hosts: Literal["auto", "on", "off"] = "auto"
 
 
@@ -193,6 +212,7 @@ class CsvConfig(TableConfig):
     `shape` to reshape them."""
 
     dataset: str = "csv"
+    # The one character separating fields.
     delimiter: str = ","
 
     def validate(self) -> None:
@@ -215,12 +235,19 @@ class NpzConfig(DataConfig):
     ColumnConfig."""
 
     dataset: str = "npz"
+    # The .npz file: a local path or a URI.
     path: str = ""
+    # Another .npz with the same arrays, an own test split; null: split off test_fraction.
     test_path: str | None = None
+    # The array of samples [N, ...].
     x_key: str = "x"
+    # The array of labels [N].
     y_key: str = "y"
+    # An array [N] of client ids, for partition.method natural; null: none.
     client_key: str | None = None
+    # Reshape each sample; null: as stored.
     shape: list[int] | None = None
+    # The class count when a class may be missing (>= 2); null: from the labels.
     num_classes: int | None = None
 
     def validate(self) -> None:

@@ -19,7 +19,9 @@ class FemnistCNNConfig(ModelConfig):
     by ReLU and a 2x2 max-pool, a dense layer of `dense` (2048) units and the class logits."""
 
     name: str = "femnist_cnn"
+    # The two 5x5 convolutions' channels (two counts > 0).
     channels: list[int] = field(default_factory=lambda: [32, 64])
+    # Units of the dense layer before the logits (> 0).
     dense: int = 2048
 
     def validate(self) -> None:
@@ -69,8 +71,11 @@ class CharLSTMConfig(ModelConfig):
     last position. The vocabulary is the dataset's class count."""
 
     name: str = "char_lstm"
+    # Dimensions of each character's embedding (> 0).
     embedding: int = 8
+    # Units of each LSTM layer (> 0).
     hidden: int = 256
+    # Stacked LSTM layers (> 0).
     layers: int = 2
 
     def validate(self) -> None:

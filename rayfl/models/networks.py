@@ -82,6 +82,7 @@ class LinearConfig(ModelConfig):
     is ZO-HFL's linear model (d = 784 * 10 for MNIST)."""
 
     name: str = "linear"
+    # Give the layer a bias; false is ZO-HFL's linear model (d = features x classes).
     bias: bool = True
 
 
@@ -99,10 +100,17 @@ class MLPConfig(ModelConfig):
     the softplus."""
 
     name: str = "mlp"
+    # The hidden layers' widths, in order (each > 0); relu1 uses the first only.
     hidden: list[int] = field(default_factory=lambda: [200, 200])
+    # Give every Linear layer a bias.
     bias: bool = True
+    # The hidden activation: relu, or softplus ((1/beta) ln(1 + e^(beta t)): FedRZO's smoothed
+    # network for first-order baselines).
     activation: Literal["relu", "softplus"] = "relu"
+    # beta of the softplus activation (> 0); larger is closer to ReLU.
     softplus_beta: float = 10.0
+    # The activation at evaluation: same as training, or relu (train the softplus, evaluate the true
+    # ReLU).
     eval_activation: Literal["same", "relu"] = "same"
 
     def validate(self) -> None:
@@ -143,7 +151,9 @@ class Conv4Config(ModelConfig):
     blocks of `conv_channels` channels, then a Linear (see `Conv4`)."""
 
     name: str = "conv4"
+    # Channels of each of the four 3x3 conv blocks (> 0).
     conv_channels: int = 32
+    # Give the conv and output layers a bias.
     bias: bool = True
 
     def validate(self) -> None:

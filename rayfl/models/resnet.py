@@ -110,7 +110,10 @@ class ResNet18Config(ModelConfig):
     Builds its own adapters (`adapter: residual` or `lora` inside the residual blocks)."""
 
     name: str = "resnet18"
+    # The first stage's channels, doubled at each of the four stages (> 0; 64 is ResNet-18, smaller
+    # keeps the topology for CPU runs).
     width: int = 64
+    # GroupNorm's groups in every normalisation layer (> 0).
     norm_groups: int = 2
     builds_adapters: ClassVar[bool] = True
 

@@ -92,9 +92,13 @@ class TransformerConfig(ModelConfig):
     feed-forward layer. Builds its own adapters (residual bottlenecks, or LoRA in its blocks)."""
 
     name: str = "transformer"
+    # The model width: token embedding and residual stream (> 0, divisible by heads).
     dim: int = 256
+    # Pre-LN transformer blocks (> 0).
     layers: int = 4
+    # Attention heads per block (> 0).
     heads: int = 4
+    # The feed-forward layer's hidden width in each block (> 0).
     ffn_dim: int = 1024
     builds_adapters: ClassVar[bool] = True
 

@@ -60,10 +60,20 @@ class CompressionConfig:
     without it, at a larger variance.
     """
 
+    # How each upload is encoded: none (dense); topk (the k largest |x_i|); randomk (k seeded random
+    # coordinates, scaled d / k: unbiased); qsgd (stochastic quantisation to levels); sign (scaled
+    # signs, one bit each).
     name: CodecName = "none"
+    # topk and randomk: k = max(1, ceil(ratio * d)) of d coordinates, ratio in (0, 1]. Set this or
+    # k.
     ratio: float | None = None
+    # topk and randomk: the coordinates kept (>= 1, capped at d). Set this or ratio.
     k: int | None = None
+    # qsgd only: s, the quantisation levels above 0 (>= 1); each coordinate costs 1 + ceil(log2(s +
+    # 1)) bits.
     levels: int = 16
+    # Keep what was not sent as client state and add it to the next update; matters most for the
+    # biased codecs (topk, sign).
     error_feedback: bool = True
 
     def validate_as(self, key: str = "compression") -> None:

@@ -27,7 +27,8 @@ class PrivacyConfig:
     noise to its own clipped update before sending it. Epsilon at `delta` after each round is
     in the `rounds` table (column `epsilon`), computed by Google's dp-accounting."""
 
-    # off | central | local
+    # Differential privacy: off; central (clip each update, the server adds Gaussian noise to the
+    # sum); local (each client noises its own clipped upload).
     mode: Literal["off", "central", "local"] = "off"
     # C: the L2 norm every client's update is clipped to (the initial C with `adaptive`)
     clip: float = 1.0
@@ -48,7 +49,9 @@ class PrivacyConfig:
     # adaptive clipping (Andrew et al., NeurIPS 2021): C follows the `target_quantile` of the
     # update norms, C <- C * exp(-clip_lr * (noised fraction of unclipped updates - quantile))
     adaptive: bool = False
+    # adaptive only: the quantile of update norms the clip C tracks, in (0, 1).
     target_quantile: float = 0.5
+    # adaptive only: the geometric step size of C's update (> 0).
     clip_lr: float = 0.2
     # std of the noise on the count of unclipped updates; null: cohort / 20 (the paper's)
     clip_count_stddev: float | None = None
@@ -97,7 +100,10 @@ class RobustSection:
     (rayfl.robust.aggregators: median, trimmed_mean, krum, multi_krum, geometric_median,
     centered_clipping; `mean` keeps the algorithm's own average, to measure an attack)."""
 
+    # What replaces the server's weighted mean of the uploads (sub-keys below); name mean keeps the
+    # algorithm's own average.
     aggregator: RobustConfig = field(default_factory=RobustConfig)
+    # Which clients are Byzantine and what they send (sub-keys below); name none: no attack.
     attack: AttackConfig = field(default_factory=AttackConfig)
 
     @property

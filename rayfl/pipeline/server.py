@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from rayfl.errors import ConfigError
-from rayfl.pipeline.accounting import Mechanism, calibrate_noise, epsilon
+from rayfl.pipeline.accounting import Mechanism, calibrate_noise, epsilon, epsilons
 from rayfl.pipeline.sections import active
 from rayfl.pipeline.uploads import UploadSpec
 from rayfl.rng import numpy_rng
@@ -111,6 +111,10 @@ class RoundPipeline:
             self.z, self.delta, self.planned_epsilon = resolve_noise(cfg, self.num_clients)
             self.state.clip = float(self.privacy.clip)
             self.mechanism = mechanism(cfg, self.num_clients, self.z)
+            # every round's epsilon at once: one accountant pass, not one per round (4.4 s of a
+            # 100-round RDP run, 32 s with PLD, when recomputed each round)
+            spent = epsilons(self.mechanism, cfg.run.rounds, self.delta, self.privacy.accountant)
+            self._epsilons = {r + 1: e for r, e in enumerate(spent)}
 
     @classmethod
     def of(cls, cfg: Any, fed: Any) -> RoundPipeline | None:

@@ -81,8 +81,22 @@ def plot_curves(
     data = metric_frame(results, y, x)
     if data.empty:
         raise ValueError(f"no values of {y!r} to plot")
-    curves = aggregate_curves(data, seed_groups(results, by), y, x)
-    fig = _figure((7.0, 4.5))
+    return draw_curves(aggregate_curves(data, seed_groups(results, by), y, x), y, x, path=path, title=title)
+
+
+def draw_curves(
+    curves: pd.DataFrame,
+    y: str,
+    x: str,
+    *,
+    path: str | Path,
+    title: str | None = None,
+    xlabel: str | None = None,
+    logx: bool = False,
+) -> Path:
+    """`aggregate_curves`' frame (setting, x, mean, std, n) as one line per setting, with a band
+    of ± one std where a setting has several seeds; `logx` for x spanning decades (bytes)."""
+    fig = new_figure((7.0, 4.5))
     ax = fig.add_subplot()
     for setting, curve in curves.groupby("setting", sort=True):
         n = int(curve["n"].iloc[0])
@@ -91,12 +105,14 @@ def plot_curves(
         if n > 1:
             ax.fill_between(curve[x], curve["mean"] - curve["std"], curve["mean"] + curve["std"],
                             color=line.get_color(), alpha=0.2, linewidth=0)
-    ax.set_xlabel(x.replace("_", " "))
+    if logx:
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel or x.replace("_", " "))
     ax.set_ylabel(y.replace("_", " "))
     ax.set_title(title or f"{y} by {x}" + (" (mean ± std over seeds)" if (curves["n"] > 1).any() else ""))
     ax.grid(True, alpha=0.3)
     ax.legend(title="setting", fontsize="small")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_client_timeline(
@@ -119,7 +135,7 @@ def plot_client_timeline(
 
     outcome = tasks["outcome"].fillna("?").astype(str) if "outcome" in tasks.columns else pd.Series("task", index=tasks.index)
     n_clients = tasks["client"].nunique()
-    fig = _figure((9.0, min(2.0 + 0.22 * n_clients, 14.0)))
+    fig = new_figure((9.0, min(2.0 + 0.22 * n_clients, 14.0)))
     ax = fig.add_subplot()
     palette = _palette(sorted(outcome.unique(), key=lambda o: (o != "ok", o)))
     for name, colour in palette.items():
@@ -144,7 +160,7 @@ def plot_client_timeline(
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(title="outcome" if "outcome" in tasks.columns else None, fontsize="small",
               loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_task_window(
@@ -164,7 +180,7 @@ def plot_task_window(
     tasks = tasks.sort_values(order, kind="stable").head(max_tasks).reset_index(drop=True)
     outcome = tasks["outcome"].fillna("?").astype(str) if "outcome" in tasks.columns else pd.Series("ok", index=tasks.index)
     staleness = tasks["staleness"].fillna(0).to_numpy(dtype=float) if "staleness" in tasks.columns else None
-    fig = _figure((9.0, min(2.0 + 0.16 * len(tasks), 14.0)))
+    fig = new_figure((9.0, min(2.0 + 0.16 * len(tasks), 14.0)))
     ax = fig.add_subplot()
     rows = np.arange(len(tasks), dtype=float)
     start = tasks["dispatch_time"].to_numpy(dtype=float)
@@ -190,7 +206,7 @@ def plot_task_window(
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     if others or staleness is None:
         ax.legend(title="outcome", fontsize="small", loc="lower right")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def is_asynchronous(results: Results, run_id: str, experiment: str | None = None) -> bool:
@@ -259,13 +275,15 @@ def summary_table(
 # ---------------------------------------------------------------------- helpers
 
 
-def _figure(size: tuple[float, float]) -> Figure:
+def new_figure(size: tuple[float, float]) -> Figure:
+    """A figure on its own Agg canvas (no pyplot: see the module docstring)."""
     fig = Figure(figsize=size, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
 
 
-def _save(fig: Figure, path: str | Path) -> Path:
+def save_figure(fig: Figure, path: str | Path) -> Path:
+    """Write `fig` to `path` (its suffix picks the format), creating the folder."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)

@@ -288,16 +288,34 @@ class RobustConfig:
     bucket_size: s; 1 is no bucketing (the FFGG authors' Byzantine run used s = 2 with median).
     """
 
+    # The aggregation rule: mean (the algorithm's own average), median (coordinate-wise),
+    # trimmed_mean, krum, multi_krum, geometric_median (RFA's smoothed Weiszfeld) or
+    # centered_clipping.
     name: AggregatorName = "mean"
+    # trimmed_mean only: b, the values dropped at each end per coordinate (>= 0). Set this or
+    # trim_fraction.
     trim: int | None = None
+    # trimmed_mean only: b = floor(trim_fraction * n), in [0, 0.5). Set this or trim.
     trim_fraction: float | None = None
+    # krum and multi_krum: f, the Byzantine inputs tolerated (n > 2f + 2 needed; with bucketing n
+    # counts buckets).
     byzantine: int = 0
+    # multi_krum only: m, how many lowest-scoring inputs are averaged (>= 1); null: n - f.
     select: int | None = None
+    # geometric_median only: stop when the objective improves by at most this, relative (> 0).
     tol: float = 1e-8
+    # geometric_median only: the most Weiszfeld steps (>= 1).
     max_iter: int = 100
+    # geometric_median only: nu, the floor on each distance that keeps a step finite (> 0).
     smoothing: float = 1e-6
+    # centered_clipping only: the clipping radius, each step moving the aggregate by at most tau (>
+    # 0); null: no clipping.
     tau: float | None = 1.0
+    # centered_clipping only: L, the clipping steps per round (>= 1), starting from the previous
+    # aggregate.
     clip_iters: int = 1
+    # s: average random buckets of s inputs before the rule (Karimireddy et al. 2022); 1: no
+    # bucketing.
     bucket_size: int = 1
 
     def validate_as(self, key: str = AGGREGATOR_KEY) -> None:

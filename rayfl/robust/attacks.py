@@ -116,14 +116,29 @@ class AttackConfig:
     epsilon: IPM's eps (default 0.1: small, so the attack hides inside the honest spread).
     """
 
+    # What Byzantine clients send: none; sign_flip (-scale * own update); random_sign (each sign
+    # flipped with flip_prob); gaussian (N(0, sigma^2) noise); constant (every coordinate value);
+    # alie (honest mean - z * std); ipm (-epsilon * honest mean); label_flip (train on labels C - 1
+    # - y).
     name: AttackName = "none"
+    # B, the number of Byzantine clients (fixed for the run from its seed; 2B < clients). Set this
+    # or fraction.
     count: int | None = None
+    # B = floor(fraction * clients), in [0, 0.5). Set this or count.
     fraction: float | None = None
+    # sign_flip only: s, the factor on the flipped update (> 0).
     scale: float = 1.0
+    # random_sign only: each coordinate's probability of a flipped sign, in [0, 1].
     flip_prob: float = 0.5
+    # gaussian only: the noise's standard deviation (> 0).
     sigma: float = 1.0
+    # constant only: the value of every coordinate sent.
     value: float = 0.0
+    # alie only: how many honest standard deviations the crafted vector sits below the mean; null:
+    # Baruch et al.'s z_max from n and B.
     z: float | None = None
+    # ipm only: eps of -eps * honest mean (> 0); small, so the attack hides inside the honest
+    # spread.
     epsilon: float = 0.1
 
     @property

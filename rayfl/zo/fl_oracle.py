@@ -41,14 +41,25 @@ class LowerLevelConfig:
     common` gives the two calls of a round the same minibatches (common random numbers), so
     y+ - y0 reflects the query points, not sampling noise; `independent` draws per call."""
 
+    # The lower-level budget per call: growing (min(rounds_max, rounds0 + floor(r / rounds_every))
+    # FedAvg rounds at upper round r) or constant (rounds0 every call).
     kind: Literal["growing", "constant"] = "growing"
+    # The lower-level FedAvg rounds of the first call (>= 1).
     rounds0: int = 5
+    # growing only: one more lower round every this many upper rounds (>= 1).
     rounds_every: int = 10
+    # growing only: the cap on lower rounds per call (>= rounds0).
     rounds_max: int = 50
+    # H^, each client's gradient steps on y per lower round (>= 1).
     local_steps: int = 10
+    # The lower level's local step size (> 0).
     lr: float = 0.1
+    # The lower level's minibatch size (>= 1).
     batch_size: int = 64
+    # Where each call starts: zeros (y = 0, the paper's) or warm (the previous round's y at x_r).
     init: Literal["zeros", "warm"] = "zeros"
+    # common (a round's two calls use the same minibatches, so y+ - y0 reflects the query points) or
+    # independent.
     randomness: Literal["common", "independent"] = "common"
 
     def validate_as(self, key: str) -> None:

@@ -34,12 +34,22 @@ class ConstraintConfig:
     with a = `normal` (empty: the all-ones vector). `simplex`: {y >= 0, sum(y) = radius}
     (`client_radius` applies). Half-space and simplex ignore the centre."""
 
+    # The set: none (R^d); ball (||y - x|| <= radius around the received point); box (low <= y <=
+    # high); halfspace (a^T y <= offset); simplex (y >= 0, sum(y) = radius).
     kind: Literal["none", "ball", "box", "halfspace", "simplex"] = "none"
+    # ball: the radius; simplex: the coordinates' sum (> 0).
     radius: float = 1.0
+    # Per-client radius overriding radius for ball and simplex, indexed by client id; empty: radius
+    # for all.
     client_radius: list[float] = field(default_factory=list)
+    # box: the elementwise lower bound (0 with high null: the nonnegative orthant); null: unbounded
+    # below.
     low: float | None = None
+    # box: the elementwise upper bound; null: unbounded above.
     high: float | None = None
+    # halfspace: the normal a (non-zero); empty: the all-ones vector.
     normal: list[float] = field(default_factory=list)
+    # halfspace: the bound of a^T y <= offset.
     offset: float = 0.0
 
     def validate_as(self, key: str) -> None:

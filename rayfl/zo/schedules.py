@@ -37,12 +37,20 @@ class StepsSchedule:
     of H each, the spec's `compute_matched`). `straggler_prob` sets H = 0 for each (i, r) with
     that probability, drawn from the stream (seed, 'steps.straggler', r, i)."""
 
+    # H_{i,r}, client i's local steps in round r: sqrt (ceil(tau_i sqrt(r + 1)), ZO-HFL's); constant
+    # (ceil(tau_i)); table (a CSV); function (a Python callable).
     kind: Literal["sqrt", "constant", "table", "function"] = "sqrt"
+    # tau_i for every client without a client_tau entry (>= 0).
     tau: float = 20.0
+    # Per-client tau_i, indexed by client id (each >= 0); empty: tau for all.
     client_tau: list[float] = field(default_factory=list)
+    # Scales every H (>= 0); 2 matches a baseline's compute to ZO-HFL's two solves per round.
     multiplier: int = 1
+    # Probability, per client and round, that H = 0 (a straggler that does no work), in [0, 1].
     straggler_prob: float = 0.0
+    # kind table: a CSV with columns client,round,steps (round -1: every round of that client).
     table: str | None = None
+    # kind function: 'package.module:name' of fn(client, round) -> int.
     function: str | None = None
 
     def validate_as(self, key: str) -> None:

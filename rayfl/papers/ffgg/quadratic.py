@@ -198,9 +198,13 @@ class QuadraticConfig(DataConfig):
     no test set."""
 
     dataset: str = DATASET
+    # Rows per block of each client's quadratic (> 0).
     n: int = 10_000
+    # Global coordinates theta (> 0).
     d_theta: int = 100
+    # Personal coordinates w per client (> 0).
     d_w: int = 50
+    # Plant a common minimiser theta_true, so every client reaches loss 0 there (Assumption 2).
     planted: bool = True
 
     def validate(self) -> None:
