@@ -91,3 +91,22 @@ def test_async_runs_get_a_window_of_tasks_in_flight(tmp_path):
     assert imread(png).shape[0] > 100
     lines = write_report(tmp_path, tmp_path / "out")
     assert any("timeline_exp_async.png" in line for line in lines)
+
+
+def test_a_key_one_setting_lacks_stays_out_of_its_label():
+    """An MLP's `hidden` varies between settings; a linear model has none (NaN in the joined
+    manifests): its label says nothing about it, unless that makes two labels equal."""
+    import numpy as np
+    import pandas as pd
+
+    from rayfl.results.load import Results
+
+    empty = pd.DataFrame()
+    manifests = pd.DataFrame({
+        "experiment": ["e"] * 4, "run_id": ["a", "b", "c", "d"], "run.seed": [0, 0, 0, 1],
+        "algorithm.name": ["fedavg"] * 4, "model.name": ["mlp", "mlp", "linear", "linear"],
+        "model.hidden": ["[32]", "[64]", np.nan, np.nan],
+    })
+    labels = seed_groups(Results(empty, empty, empty, manifests)).set_index("run_id")["setting"]
+    assert labels["a"] == "fedavg, name=mlp, hidden=[32]" and labels["b"] == "fedavg, name=mlp, hidden=[64]"
+    assert labels["c"] == labels["d"] == "fedavg, name=linear"

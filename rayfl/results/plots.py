@@ -96,12 +96,15 @@ def draw_curves(
 ) -> Path:
     """`aggregate_curves`' frame (setting, x, mean, std, n) as one line per setting, with a band
     of ± one std where a setting has several seeds; `logx` for x spanning decades (bytes)."""
-    fig = new_figure((7.0, 4.5))
+    groups = list(curves.groupby("setting", sort=True))
+    labels = [legend_label(f"{setting} (mean of {int(c['n'].iloc[0])} seeds)" if int(c["n"].iloc[0]) > 1 else str(setting))
+              for setting, c in groups]
+    below = sum(label.count("\n") + 1 for label in labels) * 0.18  # the legend's inches, under the axes
+    fig = new_figure((7.0, 4.5 + below))
     ax = fig.add_subplot()
-    for setting, curve in curves.groupby("setting", sort=True):
+    for (_, curve), label in zip(groups, labels, strict=True):
         n = int(curve["n"].iloc[0])
-        (line,) = ax.plot(curve[x], curve["mean"], marker="o" if len(curve) < 20 else None, markersize=3,
-                          label=f"{setting} (mean of {n} seeds)" if n > 1 else str(setting))
+        (line,) = ax.plot(curve[x], curve["mean"], marker="o" if len(curve) < 20 else None, markersize=3, label=label)
         if n > 1:
             ax.fill_between(curve[x], curve["mean"] - curve["std"], curve["mean"] + curve["std"],
                             color=line.get_color(), alpha=0.2, linewidth=0)
@@ -111,8 +114,15 @@ def draw_curves(
     ax.set_ylabel(y.replace("_", " "))
     ax.set_title(title or f"{y} by {x}" + (" (mean ± std over seeds)" if (curves["n"] > 1).any() else ""))
     ax.grid(True, alpha=0.3)
-    ax.legend(title="setting", fontsize="small")
+    fig.legend(title="setting", fontsize="small", loc="outside lower center")  # long labels never squeeze the axes
     return save_figure(fig, path)
+
+
+def legend_label(text: str, width: int = 80) -> str:
+    """A setting's label broken over lines at commas, so a legend stays as wide as the plot."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width=width, break_long_words=False)) or text
 
 
 def plot_client_timeline(

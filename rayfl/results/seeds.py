@@ -44,12 +44,17 @@ def seed_groups(results: Results, by: str = "algorithm.name") -> pd.DataFrame:
     # keys that tell settings of the same `by` apart (an algorithm's own hyper-parameters
     # differ from another's only by existing: the algorithm's name already says that)
     varying = [c for c in cols if c != by and (settings[c].groupby(family).nunique() > 1).any()]
-    labels = {}
-    for k, rows in m.groupby(key, sort=False):
-        first = rows.iloc[0]
+    def label(first: pd.Series, skip_missing: bool) -> str:
         parts = [str(first[by])] if by in m.columns and pd.notna(first[by]) else []
-        parts += [f"{c.split('.', 1)[1]}={first[c]}" for c in varying]
-        labels[k] = ", ".join(parts) or str(first["run_id"])
+        parts += [f"{c.split('.', 1)[1]}={first[c]}" for c in varying if not (skip_missing and pd.isna(first[c]))]
+        return ", ".join(parts) or str(first["run_id"])
+
+    firsts = {k: rows.iloc[0] for k, rows in m.groupby(key, sort=False)}
+    # a key another setting's entry has and this one's lacks (a model without `hidden`) says
+    # nothing about this setting: left out, unless that makes two settings' labels equal
+    labels = {k: label(first, skip_missing=True) for k, first in firsts.items()}
+    if len(set(labels.values())) < len(labels):
+        labels = {k: label(first, skip_missing=False) for k, first in firsts.items()}
     if len(set(labels.values())) < len(labels):  # the same setting in several experiments
         labels = {k: f"{k.split('|', 1)[0]}/{v}" for k, v in labels.items()}
     seed = m["run.seed"] if "run.seed" in m.columns else pd.Series(np.nan, index=m.index)
