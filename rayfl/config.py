@@ -19,6 +19,11 @@ from typing import Any, ClassVar, Literal, Union, get_args, get_origin
 
 import yaml
 
+from rayfl.checks import choice as _choice
+from rayfl.checks import fraction as _fraction
+from rayfl.checks import non_negative as _non_negative
+from rayfl.checks import positive as _positive
+from rayfl.checks import positive_float as _positive_float
 from rayfl.errors import ConfigError
 
 
@@ -1068,32 +1073,3 @@ def _describe(hint: Any) -> str:
         else:
             parts.append(getattr(option, "__name__", str(option)))
     return " or ".join(parts)
-
-
-def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(key, f"unknown value {value!r}; allowed values are {list(allowed)}")
-
-
-def _positive(key: str, value: int | float) -> None:
-    if value <= 0:
-        raise ConfigError(key, f"must be > 0, got {value}")
-
-
-def _positive_float(key: str, value: float) -> None:
-    if not value > 0:
-        raise ConfigError(key, f"must be > 0, got {value}")
-
-
-def _non_negative(key: str, value: int | float) -> None:
-    if value < 0:
-        raise ConfigError(key, f"must be >= 0, got {value}")
-
-
-def _fraction(key: str, value: float, open_left: bool = True, open_right: bool = False) -> None:
-    lo_ok = value > 0 if open_left else value >= 0
-    hi_ok = value < 1 if open_right else value <= 1
-    if not (lo_ok and hi_ok):
-        lo = "(0" if open_left else "[0"
-        hi = "1)" if open_right else "1]"
-        raise ConfigError(key, f"must be in {lo}, {hi}, got {value}")

@@ -14,10 +14,11 @@ from rayfl.errors import ConfigError
 def build_callback(cfg: Any) -> Callback:
     """One configured callback: its registered factory called with its config (or, for a
     callback registered without a config class, with the config's `kwargs`)."""
+    from rayfl.config import GenericCallbackConfig
     from rayfl.registry import CALLBACKS
 
     factory = CALLBACKS.get(cfg.name).load()
-    made = factory(**cfg.kwargs) if hasattr(cfg, "kwargs") and type(cfg).__name__ == "GenericCallbackConfig" else factory(cfg)
+    made = factory(**cfg.kwargs) if isinstance(cfg, GenericCallbackConfig) else factory(cfg)
     if not isinstance(made, Callback):
         raise ConfigError("callbacks.name", f"{cfg.name!r} made a {type(made).__name__}, not a rayfl Callback")
     return made

@@ -6,10 +6,10 @@ one section (which algorithm, pre-aggregation, the cohort) live in `check_pipeli
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rayfl.checks import choice, positive_float
 from rayfl.errors import ConfigError
 from rayfl.pipeline.compression import CompressionConfig
 from rayfl.robust.aggregators import RobustConfig
@@ -61,22 +61,22 @@ class PrivacyConfig:
         return self.mode != "off"
 
     def validate(self) -> None:
-        _choice("privacy.mode", self.mode, ("off", "central", "local"))
-        _choice("privacy.sampling", self.sampling, ("poisson", "fixed"))
-        _choice("privacy.accountant", self.accountant, ("rdp", "pld"))
+        choice("privacy.mode", self.mode, ("off", "central", "local"))
+        choice("privacy.sampling", self.sampling, ("poisson", "fixed"))
+        choice("privacy.accountant", self.accountant, ("rdp", "pld"))
         if not self.on:
             return
-        _positive("privacy.clip", self.clip)
+        positive_float("privacy.clip", self.clip)
         if (self.noise_multiplier is None) == (self.target_epsilon is None):
             raise ConfigError("privacy.noise_multiplier", "set exactly one of noise_multiplier and target_epsilon")
         if self.noise_multiplier is not None:
-            _positive("privacy.noise_multiplier", self.noise_multiplier)
+            positive_float("privacy.noise_multiplier", self.noise_multiplier)
         if self.target_epsilon is not None:
-            _positive("privacy.target_epsilon", self.target_epsilon)
+            positive_float("privacy.target_epsilon", self.target_epsilon)
         if self.delta is not None and not 0 < self.delta < 1:
             raise ConfigError("privacy.delta", f"must be in (0, 1), got {self.delta}")
         if self.max_epsilon is not None:
-            _positive("privacy.max_epsilon", self.max_epsilon)
+            positive_float("privacy.max_epsilon", self.max_epsilon)
         if self.accountant == "pld" and (self.sampling == "fixed" or self.mode == "local"):
             why = "fixed-size sampling" if self.sampling == "fixed" else "local DP"
             raise ConfigError("privacy.accountant", f"pld does not account {why} here; use rdp")
@@ -85,9 +85,9 @@ class PrivacyConfig:
                 raise ConfigError("privacy.adaptive", "adaptive clipping is for central DP (privacy.mode: central)")
             if not 0 < self.target_quantile < 1:
                 raise ConfigError("privacy.target_quantile", f"must be in (0, 1), got {self.target_quantile}")
-            _positive("privacy.clip_lr", self.clip_lr)
+            positive_float("privacy.clip_lr", self.clip_lr)
             if self.clip_count_stddev is not None:
-                _positive("privacy.clip_count_stddev", self.clip_count_stddev)
+                positive_float("privacy.clip_count_stddev", self.clip_count_stddev)
 
 
 @dataclass
@@ -185,16 +185,6 @@ def check_attack(cfg: Any) -> None:
     clients = cfg.planned_clients()
     if clients is not None:
         byzantine_count(clients, attack, "robust.attack")
-
-
-def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(key, f"unknown {value!r}; allowed: {', '.join(allowed)}")
-
-
-def _positive(key: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ConfigError(key, f"must be a number > 0, got {value!r}")
 
 
 __all__ = ["CompressionConfig", "PrivacyConfig", "RobustSection", "active", "check_pipeline"]

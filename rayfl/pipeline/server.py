@@ -15,6 +15,7 @@ state that moves between rounds (adaptive clip, centered clipping's reference) i
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -75,16 +76,26 @@ def resolve_noise(cfg: Any, num_clients: int) -> tuple[float, float, float]:
     p = cfg.privacy
     delta = p.delta if p.delta is not None else float(num_clients) ** -1.1
     rounds = cfg.run.rounds
-    if p.noise_multiplier is not None:
-        z = float(p.noise_multiplier)
-    else:
-        z = calibrate_noise(mechanism(cfg, num_clients, 1.0), rounds, p.target_epsilon, delta, p.accountant)
-    total = epsilon(mechanism(cfg, num_clients, z), rounds, delta, p.accountant)
+    z, total = planned_noise(mechanism(cfg, num_clients, 1.0), rounds, p.noise_multiplier, p.target_epsilon, delta,
+                             p.accountant)
     if p.max_epsilon is not None and total > p.max_epsilon:
         raise ConfigError("privacy.max_epsilon", f"{rounds} rounds at noise multiplier {z:.4g} spend epsilon {total:.4g} "
                                                  f"at delta {delta:.3g}, over the limit {p.max_epsilon}; raise the noise "
                                                  "or lower run.rounds")
     return z, delta, total
+
+
+@functools.lru_cache(maxsize=16)
+def planned_noise(
+    template: Mechanism, rounds: int, noise_multiplier: float | None, target_epsilon: float | None, delta: float,
+    accountant: str,
+) -> tuple[float, float]:
+    """(z, epsilon after `rounds`) for a mechanism: z as given or calibrated. Remembered, since
+    a run resolves it before Ray starts and again when its pipeline is built (a PLD
+    calibration takes seconds)."""
+    z = float(noise_multiplier) if noise_multiplier is not None else calibrate_noise(
+        template, rounds, target_epsilon, delta, accountant)
+    return z, epsilon(replace(template, noise_multiplier=z), rounds, delta, accountant)
 
 
 class RoundPipeline:
