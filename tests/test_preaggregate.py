@@ -65,6 +65,84 @@ def test_the_grid_does_not_overflow_and_rejects_non_finite_bounds():
     assert not kept.finite and KeptValue.of(np.array([-2.0, 1.0])).max_abs == 2.0
 
 
+def reference_fixed_point_sum(terms, exponent, shape):
+    """The plain algorithm fixed_point_sum must match bit for bit: per term, one float64
+    multiply (or, when w * 2**E overflows, multiply by w then ldexp), rint, then add in order."""
+    total = np.zeros(shape, dtype=np.float64)
+    for value, weight in terms:
+        try:
+            scale = math.ldexp(float(weight), exponent)
+        except OverflowError:
+            scale = math.inf
+        if math.isfinite(scale):
+            term = np.multiply(value, scale, dtype=np.float64)
+        else:
+            term = np.ldexp(np.multiply(value, float(weight), dtype=np.float64), exponent)
+        total = total + np.rint(term)
+    return total
+
+
+def fixed_point_cases():
+    """(name, terms, exponent, shape): lengths around any block size, signed and zero weights,
+    exact .5 products, inf/nan (signed NaNs, so the order of the adds shows in the bits), the
+    overflowing-scale branch, 2-D, non-contiguous and float64/float16 values."""
+    rng = np.random.default_rng(7)
+
+    def deltas(n, k, shape=None):
+        scales = 10.0 ** rng.uniform(-6, 1, size=k)
+        return [(rng.normal(size=shape or n) * s).astype(np.float32) for s in scales]
+
+    def fitted(values, weights):
+        return common_exponent(weights, [max_abs(v) for v in values])
+
+    for n, k in ((0, 3), (1, 4), (7, 5), (10_007, 6), (159_010, 8)):
+        values = deltas(n, k)
+        weights = list(rng.uniform(-0.05, 0.05, size=k))
+        weights[1] = 0.0
+        yield f"n{n}", list(zip(values, weights, strict=True)), fitted(values, weights), (n,)
+    halves = np.arange(-8, 8, dtype=np.float32) + np.float32(0.5)  # k + 1/2 exactly: round half to even
+    yield "halves", [(halves, 1.0), (halves, -0.5), (halves * 3, 0.25)], 0, (16,)
+    yield "halves-scaled", [(halves, 2.0**-40)], 40, (16,)
+    specials = deltas(33, 4)
+    weights = [0.3, -0.2, 0.7, 0.01]
+    e = fitted(specials, weights)
+    nan, neg_nan = np.float32(np.nan), -np.float32(np.nan)
+    specials[0][[1, 5]] = [np.inf, nan]  # 1: inf - inf
+    specials[1][[1, 2, 5, 7, 9]] = [np.inf, -np.inf, neg_nan, neg_nan, nan]
+    specials[2][[3, 7, 9]] = [np.inf, nan, neg_nan]
+    yield "inf-nan", list(zip(specials, weights, strict=True)), e, (33,)
+    tiny = [np.full(9, 1e-300) * rng.uniform(0.5, 2, size=9), np.float32(1e-30) * rng.normal(size=9).astype(np.float32)]
+    # ldexp(1e10, 1000) overflows: those terms scale the product instead; 1e-290 and -3 do not
+    yield "overflowing-scale", [(tiny[0], 1e10), (tiny[1], -1e10), (tiny[0], 1e-290), (tiny[0], -3.0)], 1000, (9,)
+    grid = deltas(0, 5, shape=(37, 11))
+    weights = list(rng.uniform(-0.1, 0.1, size=5))
+    yield "2-d", list(zip(grid, weights, strict=True)), fitted(grid, weights), (37, 11)
+    strided = [np.asfortranarray(g).T.T for g in grid[:2]] + [rng.normal(size=(11, 37)).astype(np.float32).T]
+    yield "non-contiguous", [(v, 0.02) for v in strided], fitted(strided, [0.02] * 3), (37, 11)
+    mixed = [rng.normal(size=300), rng.normal(size=300).astype(np.float16), rng.normal(size=300).astype(np.float32)]
+    yield "float64-float16", [(v, w) for v, w in zip(mixed, (0.1, -0.2, 0.3), strict=True)], fitted(mixed, [0.1, 0.2, 0.3]), (300,)
+    yield "no-terms", [], 0, (5,)
+
+
+@pytest.mark.parametrize("case", list(fixed_point_cases()), ids=lambda c: c[0])
+def test_fixed_point_sum_matches_the_reference_bit_for_bit(case):
+    _, terms, exponent, shape = case
+    with np.errstate(invalid="ignore"):  # inf - inf
+        got = fixed_point_sum(iter(terms), exponent, shape)
+        want = reference_fixed_point_sum(terms, exponent, shape)
+    assert got.dtype == np.float64 and got.shape == shape
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got.view(np.int64), want.view(np.int64))  # NaNs' sign and payload too
+    name = case[0]
+    if name == "inf-nan":  # the case does reach what it is about
+        signs = np.signbit(want[np.isnan(want)])
+        assert signs.any() and not signs.all() and np.isinf(want).any()
+    if name == "overflowing-scale":
+        with pytest.raises(OverflowError):
+            math.ldexp(terms[0][1], exponent)
+        assert np.isfinite(want).all() and np.all(want != 0)
+
+
 def test_preaggregate_is_validated():
     with pytest.raises(ConfigError, match="engine.preaggregate"):
         load_config(None, ["engine.preaggregate=maybe"])
@@ -135,3 +213,35 @@ def test_scaffold_with_a_host_killed_before_the_servers_sum(tmp_path, monkeypatc
     assert int(tables.rounds["host_failures"].sum()) == 1
     for table in ("rounds", "evals", "clients"):
         pd.testing.assert_frame_equal(comparable(getattr(tables, table)), comparable(getattr(ref_tables, table)))
+
+
+def test_hosts_sum_with_their_answers_when_the_grid_and_weights_hold(tmp_path, monkeypatch):
+    """FedAvg tells the call the weights it will sum with if every client is accepted; the
+    hosts then sum on the last round's grid at once, and `weighted_sum` takes those partial
+    sums only where the grid and the weights are the ones it needs: rounds whose grid moved
+    or whose clients dropped out ask the hosts again. The same bits as without pre-aggregation."""
+    import rayfl.engine.federation as federation
+
+    exponents: list[int] = []
+    real = federation.common_exponent
+    monkeypatch.setattr(federation, "common_exponent", lambda w, m: exponents.append(real(w, m)) or exponents[-1])
+    feds: list = []
+    common = ["partition.num_clients=12", "algorithm.clients_per_round=8", "algorithm.local_epochs=1",
+              "algorithm.batch_size=8", "algorithm.lr=0.3", "model.name=mlp", "model.hidden=[8]", "run.rounds=10",
+              "run.eval_every=5", "system.dropout=0.15", "output.log_clients=true", f"output.dir={tmp_path}",
+              "engine.num_cpus_per_host=0.5", "engine.num_hosts=2", "engine.vectorize=on"]
+    tables = {}
+    for mode in ("on", "off"):
+        cfg = load_config(None, [*common, f"engine.preaggregate={mode}", f"run.run_id=preagg-{mode}"])
+        tables[mode] = load(run_experiment(cfg, on_start=lambda _dir, fed: feds.append(fed)).run_dir)
+    on, off = feds
+    assert off.presums_used == 0 and on.presums_used > 0
+    rounds = on.cfg.run.rounds
+    assert on.presums_used < 2 * (rounds - 1)  # some rounds asked again ...
+    grids = exponents[:rounds]
+    assert len(set(grids)) > 1  # ... among them, rounds whose grid moved
+    dropped = tables["on"].clients.query("outcome != 'ok'")["round"].unique()
+    assert len(dropped) > 0  # and rounds whose weights changed
+    np.testing.assert_array_equal(np.asarray(on.server_state.x), np.asarray(off.server_state.x))
+    for table in ("rounds", "clients"):
+        pd.testing.assert_frame_equal(comparable(getattr(tables["on"], table)), comparable(getattr(tables["off"], table)))

@@ -237,7 +237,9 @@ def call_with_server(
     """fed.call for the sampled clients, then (with `server_as_client`) the server's own
     update on the driver, appended last. `keep`: outputs only ever summed (fed.weighted_sum)."""
     common, per_client = local_plan(fed, cfg, ids, round)
-    kept = {"keep": keep} if keep else {}  # only then: stand-in federations in tests need not know it
+    kept: dict[str, Any] = {"keep": keep} if keep else {}  # only then: stand-in federations in tests need not know it
+    if keep and server is None and ids:  # the weights `update_weights` gives if every client is accepted
+        kept["expect_weights"] = {"delta": dict(zip(ids, fed.client_weights(ids, cfg.weighting).tolist(), strict=True))}
     results: list[Any] = fed.call(ids, fn, round=round, per_client=per_client, **kept, **common, **payload)
     if server is not None:
         _, mine = local_plan(fed, cfg, [server.id], round)

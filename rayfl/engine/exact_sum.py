@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+PRESUM = "presum"  # the host record key carrying a call's partial sums computed in advance
 HEADROOM_BITS = 52  # |total| < 2**52 (+ half a unit per term): every partial sum exact in float64
 EXPONENT_LIMIT = 1000  # keep 2**E a normal float64
 
@@ -63,7 +64,12 @@ def common_exponent(weights: Sequence[float], max_abs_values: Sequence[float]) -
 
 def fixed_point_sum(terms: Iterable[tuple[np.ndarray, float]], exponent: int, shape: tuple[int, ...]) -> np.ndarray:
     """sum of rint(float64(v) * w * 2**E) over (v, w): integers below 2**53 in a float64 array,
-    added exactly, so any grouping of the terms into partial sums gives the same total."""
+    added exactly, so any grouping of the terms into partial sums gives the same total.
+
+    A float32 `v` is widened by a plain copy and scaled in place: np.multiply(v, s, dtype=float64)
+    casts through small buffers (50 terms of 159,010 entries: 6.9 ms that way, 4.7 ms this). Not blocked
+    into cache-sized columns: each pass is compute-bound, and blocks of 4096-32768 entries measured
+    slower, their 50 terms' calls per block costing more than the memory traffic saved."""
     total = np.zeros(shape, dtype=np.float64)
     term = np.empty(shape, dtype=np.float64)
     for value, weight in terms:
@@ -72,7 +78,11 @@ def fixed_point_sum(terms: Iterable[tuple[np.ndarray, float]], exponent: int, sh
         except OverflowError:
             scale = math.inf
         if math.isfinite(scale):
-            np.multiply(value, scale, out=term, dtype=np.float64)
+            if getattr(value, "dtype", None) == np.float64:
+                np.multiply(value, scale, out=term)
+            else:  # the ufunc's own cast, unbuffered: exact for float32
+                np.copyto(term, value)
+                np.multiply(term, scale, out=term)
         else:  # w * 2**E overflows (a tiny bound): scale the product instead
             np.multiply(value, float(weight), out=term, dtype=np.float64)
             np.ldexp(term, exponent, out=term)

@@ -34,7 +34,14 @@ from rayfl.engine.asyncpool import AsyncPool, TaskInput, host_lost
 from rayfl.engine.balance import balanced_assignment, expected_rows, is_stateless
 from rayfl.engine.checkpoint import CHECKPOINT_FILE, Checkpoint, load_checkpoint, save_checkpoint
 from rayfl.engine.clock import SimClock
-from rayfl.engine.exact_sum import KeptValue, common_exponent, fixed_point_sum, max_abs, to_float
+from rayfl.engine.exact_sum import (
+    PRESUM,
+    KeptValue,
+    common_exponent,
+    fixed_point_sum,
+    max_abs,
+    to_float,
+)
 from rayfl.engine.host import ClientFn, remote_host_class
 from rayfl.engine.payload import payload_nbytes
 from rayfl.engine.placement import Placement, plan_placement
@@ -136,6 +143,9 @@ class Federation:
         self.last_checkpoint: int | None = None
         self._inputs: dict[int, TaskInput] = {}  # task id -> what it was given, until decided
         self._kept_call: KeptCall | None = None  # the last call's outputs kept on hosts
+        self._presums: dict[int, dict[str, tuple[int, dict[int, float], np.ndarray]]] = {}  # host -> key -> partial
+        self._exponents: dict[str, int] = {}  # key -> its last weighted sum's grid exponent
+        self.presums_used = 0  # host partial sums taken from a call's answer, without asking again
         self._journal: list[TaskInput] = []  # accepted state-changing tasks since the checkpoint
         self.host_failures = 0
         self._round_failures = 0
@@ -465,6 +475,7 @@ class Federation:
         phase: str = "train",
         timed: bool = True,
         keep: tuple[str, ...] = (),
+        expect_weights: Mapping[str, Mapping[int, float]] | None = None,
         **payload: Any,
     ) -> list[ClientResult]:
         """One synchronous step: run `fn(ctx, **payload, **per_client[c])` on every client,
@@ -475,12 +486,16 @@ class Federation:
 
         `keep` names outputs the algorithm only ever sums (`weighted_sum`, before the next
         call): with `engine.preaggregate: on` they stay on the hosts, which return one partial
-        sum each instead of one vector per client."""
+        sum each instead of one vector per client. `expect_weights` (key -> client -> weight):
+        the weights the algorithm will sum a kept key with if every client is accepted; the
+        hosts then sum at once, on the last round's grid, and `weighted_sum` needs no second
+        call to them when its sum is that one (the same bits either way)."""
         import ray
 
         summed = tuple(keep)
         keep = summed if self.preaggregating else ()
         self._kept_call = None
+        self._presums = {}
 
         ids = sorted(int(c) for c in client_ids)
         if not ids:
@@ -504,6 +519,8 @@ class Federation:
                 down = base + (payload_nbytes(per_client.get(c)) if per_client else 0)
                 up = down if uploads is None else uploads.estimate(self.num_params, down)
                 budgets[c] = self.system.compute_budget(c, sys_cfg.deadline, down, up)
+        expected = {key: (self._exponents[key], weights) for key, weights in (expect_weights or {}).items()
+                    if key in keep and key in self._exponents and uploads is None}
         by_host = self.assign(ids, fn, payload, per_client)
         foreign = {h: {c: self._rows_of(c) for c in hids if self.host_of(c) != h} for h, hids in by_host.items()}
         payload_ref = ray.put(payload)  # shipped once; hosts read it zero-copy
@@ -518,11 +535,15 @@ class Federation:
             sub = {c: per_client[c] for c in hids if c in per_client} if per_client else None
             bud = {c: budgets[c] for c in hids} if budgets is not None else None
             mine = {c: tasks[c] for c in hids}
+            presum = {key: (e, {tasks[c]: float(w[c]) for c in hids if c in w}) for key, (e, w) in expected.items()}
             return self.hosts[h].run.remote(fn, hids, round, payload_ref, sub, bud, mine, self.take_decisions(h), keep,
-                                            foreign[h] or None, uploads)
+                                            foreign[h] or None, uploads, presum or None)
 
         batches, rerun = self.on_hosts(launch, list(by_host), launched=lambda: self.count_dispatch(len(ids)))
         records = sorted((rec for batch in batches for rec in batch), key=lambda r: r["client"])
+        for rec in records:
+            if PRESUM in rec:
+                self._presums[rec["host"]] = rec.pop(PRESUM)
         results = [settle(plans[rec["client"]], rec, self.system, round) for rec in records]
         for r in results:
             r.task = tasks[r.client]
@@ -626,6 +647,13 @@ class Federation:
                     raise RuntimeError(f"{key!r} of client {r.client} was kept on its host by an earlier call; "
                                        "call fed.weighted_sum before the next fed.call")
                 by_host.setdefault(r.host, {})[r.task] = w
+        self._exponents[key] = exponent
+        for h in list(by_host):  # partial sums the hosts made with the call, if they are these
+            exponent_then, weights_then, part = self._presums.get(h, {}).get(key, (None, None, None))
+            if exponent_then == exponent and weights_then == by_host[h]:
+                total += part
+                del by_host[h]
+                self.presums_used += 1
         if by_host:
             def launch(h: int) -> Any:
                 return self.hosts[h].reduce.remote(key, by_host[h], exponent)

@@ -28,7 +28,7 @@ from rayfl.config import ConfigError, ModelConfig, section_config
 from rayfl.data.lazy import ClientIds
 from rayfl.data.rows import host_rows, is_file_rows
 from rayfl.engine.context import ClientContext
-from rayfl.engine.exact_sum import KeptValue, fixed_point_sum
+from rayfl.engine.exact_sum import PRESUM, KeptValue, fixed_point_sum
 from rayfl.engine.payload import payload_nbytes, to_numpy_tree
 from rayfl.engine.vectorized import BatchedFn, use_batched, vectorize_mode
 from rayfl.models import build_model
@@ -112,6 +112,7 @@ class ClientHostImpl:
         keep: tuple[str, ...] = (),
         foreign: Mapping[int, tuple[np.ndarray, np.ndarray | None]] | None = None,
         uploads: UploadSpec | None = None,
+        presum: Mapping[str, tuple[int, Mapping[int, float]]] | None = None,
     ) -> list[dict[str, Any]]:
         """Run `fn` for each client in `client_ids` (one after another, in id order, or as one
         batch through its registered twin under `engine.vectorize`) and return
@@ -130,14 +131,22 @@ class ClientHostImpl:
         the record by a `KeptValue`, until `reduce` sums them or the host's next `run`.
 
         `uploads` (rayfl.pipeline.uploads) transforms each answer's model-shaped keys on the
-        way out (compression with error feedback, clipping, local noise) before any is kept."""
+        way out (compression with error feedback, clipping, local noise) before any is kept.
+
+        `presum` (key -> (grid exponent, task id -> weight)): the sum `reduce` would give for
+        those weights and exponent, computed at once and carried by the first record under
+        PRESUM, so the driver need not ask again when its sum turns out to be that one (the
+        kept outputs stay for `reduce` otherwise)."""
         if settle:
             self.settle(settle)
         self.kept.clear()
         order = sorted(client_ids)
         self.foreign = dict(foreign or {})
         try:
-            return self._run(fn, order, round, broadcast, per_client, budgets, task_ids, keep, uploads)
+            records = self._run(fn, order, round, broadcast, per_client, budgets, task_ids, keep, uploads)
+            if presum and keep and records:
+                records[0][PRESUM] = self._presum(presum)
+            return records
         finally:
             for cid in self.foreign:  # a visiting client leaves nothing behind
                 if not self.states.get(cid):
@@ -183,6 +192,17 @@ class ClientHostImpl:
                 if isinstance(value, np.ndarray):
                     mine[key] = value
                     values[key] = KeptValue.of(value)
+
+    def _presum(self, presum: Mapping[str, tuple[int, Mapping[int, float]]]) -> dict[str, tuple[int, dict[int, float], np.ndarray]]:
+        """`reduce`'s answer for each expected (key, exponent, weights) whose tasks all kept the key."""
+        out = {}
+        for key, (exponent, weights) in presum.items():
+            mine = {t: float(w) for t, w in weights.items() if t in self.kept}
+            if not mine or any(key not in self.kept[t] for t in mine):
+                continue
+            terms = [(self.kept[t][key], w) for t, w in sorted(mine.items())]
+            out[key] = (exponent, mine, fixed_point_sum(terms, exponent, terms[0][0].shape))
+        return out
 
     def reduce(self, key: str, weights: Mapping[int, float], exponent: int) -> np.ndarray:
         """sum over tasks of weight * kept[task][key] on the fixed-point grid 2**-exponent
