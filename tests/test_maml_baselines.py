@@ -129,7 +129,8 @@ class InProcessFed:
         w = self.dataset.client_sizes()[ids].astype(np.float64) if kind == "samples" else np.ones(len(ids))
         return w / w.sum()
 
-    def call(self, ids, fn, *, round, per_client=None, phase="train", timed=True, keep=(), **payload):
+    def call(self, ids, fn, *, round, per_client=None, phase="train", timed=True, keep=(), expect_weights=None,
+             **payload):
         self.calls.append((phase, round, payload))
         recs = self.host.run(fn, list(ids), round, payload, per_client)
         return [ClientResult(client=r["client"], host=0, values=r["values"], num_samples=r["num_samples"],

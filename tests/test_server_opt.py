@@ -71,7 +71,7 @@ def test_bad_server_optimizer_and_round_lr_name_their_fields():
 class SummingFed(InProcessFed):
     """The stand-in with FedAvg's two extra needs: `keep` (nothing kept here) and the sum."""
 
-    def call(self, ids, fn, *, keep=(), **kwargs):
+    def call(self, ids, fn, *, keep=(), expect_weights=None, **kwargs):
         return super().call(ids, fn, **kwargs)
 
     def weighted_sum(self, results, key, weights):
