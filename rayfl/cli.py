@@ -232,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
         fa.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="cuda: the loop on the GPU, and each variant's hosts sharing one GPU "
                         "(engine.num_gpus_per_host = 1 / hosts)")
+        fa.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override for every rayfl run (not the loop), e.g. --set engine.channels_last=off to "
+                        "time a setting against its default; repeatable")
         fa.add_argument("--out", default=f"bench/{workload}.json")
     return p
 
@@ -578,7 +581,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from rayfl.bench.fedavg import run_fedavg_bench
 
         result = run_fedavg_bench(args.bench, args.rounds, Path(args.out), args.hosts, args.vectorize, args.loop_threads or None,
-                                  args.preaggregate, args.device, args.repeat)
+                                  args.preaggregate, args.device, args.repeat, args.overrides)
     print(json.dumps(result, indent=2))
     return 0
 

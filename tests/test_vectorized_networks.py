@@ -170,9 +170,11 @@ def test_batched_scaffold_keeps_control_variates_like_the_loop(net, twin_outputs
 # ---------------------------------------------------------------- `auto` on a CPU
 
 
-def contexts(net: str, model: torch.nn.Module, sizes: dict[int, int], dtype: torch.dtype) -> list[ClientContext]:
+def contexts(net: str, model: torch.nn.Module, sizes: dict[int, int], dtype: torch.dtype,
+             channels_last: bool = False) -> list[ClientContext]:
     """One context per client over data of `dtype` (tokens stay int64), each with its own fresh
-    work meter, all sharing `model` (what the batched step requires)."""
+    work meter, all sharing `model` (what the batched step requires); `channels_last` as a host
+    under `engine.channels_last` sets it."""
     spec = NETS[net]
     g = torch.Generator().manual_seed(7)
     out = []
@@ -183,7 +185,7 @@ def contexts(net: str, model: torch.nn.Module, sizes: dict[int, int], dtype: tor
             x = torch.randn((n, *spec.shape), generator=g, dtype=torch.float64).to(dtype)
         y = torch.randint(0, spec.classes, (n,), generator=g)
         out.append(ClientContext(id=c, round=1, seed=11, model=model, device=torch.device("cpu"), x=x, y=y,
-                                 test_x=None, test_y=None, state={}, work=WorkMeter()))
+                                 test_x=None, test_y=None, state={}, work=WorkMeter(), channels_last=channels_last))
     return out
 
 
@@ -317,7 +319,8 @@ def reference_sgd(net: str, ctx: ClientContext, start: torch.Tensor, lr: float, 
 @pytest.mark.parametrize("objective", ["sgd", "prox", "scaffold"])
 @pytest.mark.parametrize("net", NETS)
 def test_loop_and_batched_steps_equal_hand_written_sgd_in_float64(net, objective, kind):
-    """`local_sgd` (the loop) and `local_sgd_batched` (`vectorize: on`) on a float64 model and
+    """`local_sgd` (the loop, with NCHW and with channels-last convolution weights) and
+    `local_sgd_batched` (`vectorize: on`) on a float64 model and
     float64 data against `reference_sgd`, each client from its own start, with its own decay,
     proximal mu and correction: the same final parameters to 1e-10, the same mean loss and
     steps. Padded rows (short last batches, a one-row batch, an empty client, steps past a
@@ -340,16 +343,23 @@ def test_loop_and_batched_steps_equal_hand_written_sgd_in_float64(net, objective
     ref_steps = [r[2] for r in refs]
     assert ref_steps == ([4, 6, 2, 6, 0, 4] if kind == "epochs" else [1, 3, 5, 7, 0, 11])
 
+    def looped(ctxs: list[ClientContext]) -> list[tuple[torch.Tensor, float]]:
+        return [local_sgd(ctx, starts[j], lrs[j], schedules[j], weight_decay=decay[j], prox_mu=mu[j], prox_center=starts[j],
+                          correction=None if corrections is None else corrections[j]) for j, ctx in enumerate(ctxs)]
+
     loop_ctxs = contexts(net, model, KERNEL_SIZES, torch.float64)
-    loop = [local_sgd(ctx, starts[j], lrs[j], schedules[j], weight_decay=decay[j], prox_mu=mu[j], prox_center=starts[j],
-                      correction=None if corrections is None else corrections[j]) for j, ctx in enumerate(loop_ctxs)]
+    loop = looped(loop_ctxs)
+    # the loop with channels-last convolution weights (engine.channels_last on a CPU)
+    last_ctxs = contexts(net, model, KERNEL_SIZES, torch.float64, channels_last=True)
+    last = looped(last_ctxs)
     vec_ctxs = contexts(net, model, KERNEL_SIZES, torch.float64)
     with vectorize_mode("on"):
         out = local_sgd_batched(vec_ctxs, starts, lrs, schedules, weight_decay=decay, prox_mu=mu, prox_centers=starts,
                                 corrections=corrections)
     assert out is not None
     vec = list(zip(*out, strict=True))
-    for name, results, ctxs in (("loop", loop, loop_ctxs), ("batched", vec, vec_ctxs)):
+    for name, results, ctxs in (("loop", loop, loop_ctxs), ("channels-last loop", last, last_ctxs),
+                                ("batched", vec, vec_ctxs)):
         assert [ctx.work.steps for ctx in ctxs] == ref_steps, name
         for j, ((w, loss), (w_ref, loss_ref, _)) in enumerate(zip(results, refs, strict=True)):
             assert w.dtype == torch.float64

@@ -41,8 +41,11 @@ ROUNDING_FACTOR = 4.0
 def run_fedavg_bench(
     name: str, rounds: int | None, out: Path, hosts: list[int] | None = None, vectorize: list[str] | None = None,
     loop_threads: int | None = 1, preaggregate: list[str] | None = None, device: str = "cpu", repeat: int = 1,
+    overrides: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Time the loop and every (vectorize, hosts) variant of rayfl; see the module doc."""
+    """Time the loop and every (vectorize, hosts) variant of rayfl; see the module doc.
+    `overrides` (`--set KEY=VALUE`) apply to every rayfl run, e.g. an engine setting to time
+    against its default."""
     from rayfl.runner import build_dataset
 
     rounds = rounds or workload(name).rounds
@@ -58,7 +61,9 @@ def run_fedavg_bench(
     hosts, vectorize = hosts or list(spec.hosts), vectorize or list(spec.vectorize)
     preaggregate = preaggregate or list(spec.preaggregate)
     results_dir = out.parent / "results"
+    overrides = list(overrides or [])
     cfg = workload_config(name, rounds)
+    workload_config(name, rounds, *overrides)  # a bad key or value: one line, before any timing
     t0 = time.perf_counter()
     # as `rayfl run` builds it: cached on disk, mapped by the hosts, not stored with each run
     dataset = build_dataset(cfg)
@@ -84,7 +89,7 @@ def run_fedavg_bench(
                 run_cfg = workload_config(name, rounds, f"engine.vectorize={vec}", f"engine.num_hosts={h}",
                                           f"engine.preaggregate={pre}", f"output.dir={results_dir}",
                                           f"run.experiment=bench_{name}", f"run.run_id={variant}-{stamp}-{i}",
-                                          *device_overrides(device, h))
+                                          *device_overrides(device, h), *overrides)
                 # the loop again beside each run, before it and after it in turn (ABBA): a ratio of
                 # back-to-back timings survives a machine whose speed drifts
                 if i % 2 == 0:
@@ -107,6 +112,7 @@ def run_fedavg_bench(
         "algorithm": alg.name, "prox_mu": getattr(alg, "mu", 0.0),
         "clients_per_round": per_round, "local_epochs": alg.local_epochs, "batch_size": alg.batch_size, "lr": alg.lr,
         "rounds": rounds,
+        "overrides": overrides,
         "timed_rounds": f"1..{rounds - 2} (median; round 0 is warm-up, round {rounds - 1} evaluates)",
         "repeat": repeat,
         "ratio": "rayfl / loop of the mean seconds over the timed rounds, each pair timed back to back"

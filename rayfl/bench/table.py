@@ -16,11 +16,12 @@ def workload_rows(summary: dict[str, Any]) -> list[list[str]]:
     """One row per rayfl variant of one `rayfl bench WORKLOAD` result: the speed-up is
     loop / rayfl (the inverse of the recorded ratio), its range over the repeats."""
     rows = []
+    settings = "".join(f" {o}" for o in summary.get("overrides", []))  # `--set`: every run of the result
     for variant, run in summary["runs"].items():
         ups = sorted(1.0 / r for r in run.get("ratios", [run["ratio_to_loop"]]))
         spread = f" ({ups[0]:.2f}-{ups[-1]:.2f})" if len(ups) > 1 else ""
         rows.append([
-            summary["workload"], variant, f"{run.get('loop_seconds_per_round', summary['loop']['seconds_per_round']):.3f}",
+            summary["workload"], variant + settings, f"{run.get('loop_seconds_per_round', summary['loop']['seconds_per_round']):.3f}",
             f"{run['seconds_per_round']:.3f}", f"{1.0 / run['ratio_to_loop']:.2f}x{spread}", f"{run['max_abs_diff']:.1e}",
             f"{summary.get('loop_float32_rounding', float('nan')):.1e}",
             f"{run['peak_rss_mb']:.0f} / {run.get('peak_process_mb', float('nan')):.0f}",

@@ -72,6 +72,9 @@ class ClientContext:
     test_y: torch.Tensor | None
     state: dict[str, Any]
     work: WorkMeter = field(default_factory=WorkMeter)
+    # Train the model's 2-D convolutions with channels-last weights (engine.channels_last, decided
+    # once per run by the host: rayfl.models.channels_last); local_sgd reads it.
+    channels_last: bool = False
 
     @property
     def num_samples(self) -> int:

@@ -284,7 +284,8 @@ class Federation:
             test = {int(c): ds.client_test[c] for c in ids} if ds.client_test is not None else None
         args = (h, self._arrays_ref, train, test, dataclasses.asdict(self.cfg.model), tuple(ds.input_shape), ds.num_classes,
                 self.seed, self.cfg.engine.torch_threads, self.cfg.engine.device, self.forward_flops, self.cfg.system.backward_cost)
-        return args, {"vectorize": self.cfg.engine.vectorize, "plugins": self.plugins}
+        return args, {"vectorize": self.cfg.engine.vectorize, "plugins": self.plugins,
+                      "channels_last": self.cfg.engine.channels_last}
 
     def _spawn_host(self, h: int) -> Any:
         """Start the actor for host `h`'s clients (at start-up, or to replace a dead host; Ray's

@@ -32,6 +32,7 @@ from rayfl.engine.exact_sum import PRESUM, KeptValue, fixed_point_sum
 from rayfl.engine.payload import payload_nbytes, to_numpy_tree
 from rayfl.engine.vectorized import BatchedFn, use_batched, vectorize_mode
 from rayfl.models import build_model
+from rayfl.models.channels_last import channels_last_rule
 from rayfl.pipeline.uploads import UploadSpec, flip_labels_of, transform_upload
 from rayfl.registry import Plugins
 
@@ -57,6 +58,7 @@ class ClientHostImpl:
         backward_cost: float = 3.0,
         vectorize: str = "off",
         plugins: Plugins | None = None,
+        channels_last: str = "off",
     ):
         # The run's user code first: what it names must import here before anything uses it
         # (the model's config may be a user's class, so it comes as a mapping). A host that
@@ -91,10 +93,22 @@ class ClientHostImpl:
         self.backward_cost = backward_cost
         self.device = resolve_device(device)
         self.model = build_model(model_cfg, tuple(input_shape), num_classes).to(self.device)
+        try:  # engine.channels_last, decided by model and device alone: the same on every host
+            self.channels_last = channels_last_rule(channels_last, self.model, tuple(input_shape), self.device,
+                                                    self._input_dtype())
+        except ConfigError as e:
+            self.start_error = (e.key, str(e).partition(": ")[2])
+            return
         self.states: dict[int, dict[str, Any]] = ClientStates()  # {} until a client first runs
         self.staged: dict[int, tuple[int, dict[str, Any]]] = {}  # task id -> (client, new state)
         self.kept: dict[int, dict[str, np.ndarray]] = {}  # task id -> outputs kept for `reduce`
         self.foreign: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}  # other hosts' clients, this call only
+
+    def _input_dtype(self) -> torch.dtype:
+        """The dtype a client's inputs arrive in (float32 for a lazy population)."""
+        rows = None if self.source is not None else self.arrays.get("train_x")
+        dtype = getattr(rows, "dtype", None)
+        return torch.from_numpy(np.zeros(0, dtype=dtype)).dtype if isinstance(dtype, np.dtype) else torch.float32
 
     def client_ids(self) -> list[int]:
         return sorted(self.client_train)
@@ -318,6 +332,7 @@ class ClientHostImpl:
             test_x=test_x,
             test_y=test_y,
             state=state,
+            channels_last=self.channels_last,
         )
         ctx.work.flops_per_sample = self.flops_per_sample
         ctx.work.backward_cost = self.backward_cost
