@@ -159,3 +159,56 @@ def test_a_host_gives_each_client_the_same_bits_whoever_shares_it():
     assert np.abs(whole[0]).max() > 0 and not np.abs(whole[3]).any()
     for c in sizes:
         np.testing.assert_array_equal(whole[c], parts[c])
+
+
+def object_store_like(values: np.ndarray) -> np.ndarray:
+    """A read-only copy on a 64-byte boundary, as a host reads a broadcast from the object store."""
+    buf = np.empty(values.size + 16, dtype=values.dtype)
+    skip = (-buf.ctypes.data % 64) // values.itemsize
+    out = buf[skip : skip + values.size]
+    out[:] = values
+    out.flags.writeable = False
+    return out
+
+
+def test_windows_read_the_broadcast_until_they_first_fold(monkeypatch):
+    """A FedAvg client's windows read the dense weight from the broadcast array itself (what
+    every host on a machine maps) until their first fold, then from the client's own vector:
+    the same bits as reading the client's copy throughout, and the broadcast never written."""
+    cfg = section_config("model", name="mlp", hidden=[1024])
+    rng = np.random.default_rng(2)
+    n = 90  # 23 steps of 4, inside the first window of 128 rows; client 1's 38 steps fold after 32
+    sizes = {0: n, 1: 150}
+    x = rng.normal(size=(sum(sizes.values()), 1024)).astype(np.float32)
+    arrays = {"train_x": x, "train_y": rng.integers(0, 5, size=len(x)).astype(np.int64)}
+    clients = {0: np.arange(n), 1: np.arange(n, n + 150)}
+    x0 = object_store_like(get_flat(build_model(cfg, (1024,), 5)).numpy())
+    kept = x0.copy()
+    reads: list[bool] = []  # per product: whether it read the broadcast's memory
+    lo, hi = x0.ctypes.data, x0.ctypes.data + x0.nbytes
+    product = deferred._LowRankProduct.forward
+
+    def spy(ctx, rows, anchor, window):
+        reads.append(lo <= window.base.data_ptr() < hi)
+        return product(ctx, rows, anchor, window)
+
+    def run(shared: bool) -> dict[int, np.ndarray]:
+        reads.clear()
+        if not shared:
+            monkeypatch.setattr(deferred, "shared_weights", lambda *a: {})
+        host = ClientHostImpl(0, arrays, clients, None, cfg, (1024,), 5, seed=3)
+        recs = host.run(fedavg_client, [0, 1], 1, {"params": x0, "lr": 0.1, "schedule": LocalSchedule(4, 1, None)})
+        return {r["client"]: r["values"]["delta"] for r in recs}
+
+    monkeypatch.setattr(deferred._LowRankProduct, "forward", staticmethod(spy))
+    shared = run(True)
+    # a full window folds when the next step's rows arrive: after step window + 1
+    window = deferred.window_rows(deferred.deferrable(build_model(cfg, (1024,), 5), 4)[0]) // 4
+    steps = [-(-n // 4), -(-150 // 4)]
+    assert steps[0] <= window < steps[1] - 1  # client 0 never folds before its end, client 1 does
+    assert reads == [True] * steps[0] + [True] * (window + 1) + [False] * (steps[1] - window - 1)
+    private = run(False)
+    assert not any(reads)
+    for c in sizes:
+        np.testing.assert_array_equal(shared[c], private[c])
+    np.testing.assert_array_equal(x0, kept)

@@ -31,6 +31,7 @@ from rayfl.algorithms.server_opt import ServerOptimizerConfig, server_step
 from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
 from rayfl.engine import ClientContext, Federation
 from rayfl.engine.balance import stateless
+from rayfl.engine.payload import broadcast_tensor
 from rayfl.engine.vectorized import batched, per_client, stack_vectors
 from rayfl.zo.schedules import StepsSchedule, check_budget_fields, local_steps
 
@@ -143,7 +144,7 @@ def fedavg_client(
     prox_mu: float = 0.0,
 ) -> dict[str, Any]:
     """Local SGD (with FedProx's proximal term when prox_mu > 0); uploads the model delta."""
-    x = torch.tensor(params, device=ctx.device)
+    x = broadcast_tensor(params, ctx.device)  # read, never written
     y, loss = local_sgd(ctx, x, lr, schedule, weight_decay=weight_decay, prox_mu=prox_mu, prox_center=x)
     return {"delta": y - x, "loss": loss}
 

@@ -62,7 +62,7 @@ def local_sgd(
     w = start.detach().clone()
     if not (weight_decay or prox_mu or correction is not None) and linear_shape(ctx.model) is None \
             and can_bind(ctx.model, w):
-        return _plain_sgd(ctx, w, lr, schedule)
+        return _plain_sgd(ctx, w, lr, schedule, start.detach())
     losses = []
     for t, (loss, grad) in enumerate(_gradients(ctx, w, schedule)):
         with torch.no_grad():
@@ -85,15 +85,16 @@ def mean_loss(losses: list[torch.Tensor]) -> float:
     return float(np.mean(torch.stack(losses).cpu().numpy().astype(np.float64))) if losses else float("nan")
 
 
-def _plain_sgd(ctx: ClientContext, w: torch.Tensor, lr: float, schedule: LocalSchedule) -> tuple[torch.Tensor, float]:
+def _plain_sgd(ctx: ClientContext, w: torch.Tensor, lr: float, schedule: LocalSchedule,
+               start: torch.Tensor) -> tuple[torch.Tensor, float]:
     """`local_sgd` with nothing but the CE gradient (FedAvg's client), on a module bound to
     `w`: each step takes the parameters' gradients from `autograd.grad` and adds them into the
     views of `w`, as torch.optim.SGD does. Through a flat `.grad` (`_gradients`) each step also
     zeroed the buffer and had backward add into it: ~20% more per step (MLP 784-200-10, batch
     10; measured on an AMD EPYC and an Intel Xeon). The same values: a gradient added into
-    zeros is itself."""
+    zeros is itself. `start` is what `w` was copied from (never written)."""
     losses = []
-    with bound_to(ctx.model, w) as model, deferred_steps(model, schedule.batch_size) as deferred, \
+    with bound_to(ctx.model, w) as model, deferred_steps(model, schedule.batch_size, (w, start)) as deferred, \
             channels_last_weights(model, ctx.channels_last):
         # a large dense layer's steps wait as low-rank factors (rayfl.algorithms.deferred)
         params = [p for p in model.parameters() if not deferred.holds(p)]

@@ -4,6 +4,7 @@ payload, so an algorithm that uploads two scalars and a seed pays for that, not 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,3 +46,14 @@ def to_numpy_tree(value: Any) -> Any:
     if isinstance(value, tuple):
         return tuple(to_numpy_tree(v) for v in value)
     return value
+
+
+def broadcast_tensor(value: Any, device: torch.device) -> torch.Tensor:
+    """A broadcast array as a tensor the caller only reads: on a CPU the array's own memory (in
+    a host, the object store's pages, which every host on the machine maps: a large model is in
+    the shared cache once, not once per host), elsewhere a copy on `device`."""
+    if device.type != "cpu" or not isinstance(value, np.ndarray):
+        return torch.tensor(value, device=device)
+    with warnings.catch_warnings():  # read-only, as the object store hands it out: never written
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(value)
