@@ -164,3 +164,62 @@ def test_bench_table_shows_speedups_and_their_range(tmp_path, capsys):
     row = next(line for line in out.splitlines() if "vectorize-auto-2h" in line)
     assert "2.00x (1.60-2.50)" in row and "| 6.000 | 3.000 |" in row and "9000 / 7000" in row and "2.4e-05" in row
     assert "- `femnist-cnn`: 2026-11-28, AMD EPYC, 2 CPUs, torch 2.13.0, 3 repeat(s)" in out
+
+
+def test_set_overrides_every_rayfl_run_and_a_bad_one_stops_before_timing(tmp_path, capsys, monkeypatch):
+    """`--set KEY=VALUE` reaches every rayfl run (not the loop), is recorded, labels the table's
+    rows, and a bad key or value is one line and status 2 before the loop is timed."""
+    import json
+
+    import rayfl.bench.fedavg as bench
+    from rayfl.cli import main
+
+    p = build_parser()
+    args = p.parse_args(["bench", "cifar-resnet", "--set", "engine.channels_last=off", "--set", "engine.balance=off"])
+    assert args.overrides == ["engine.channels_last=off", "engine.balance=off"]
+    assert p.parse_args(["bench", "cifar-resnet"]).overrides == []
+    timed = []
+    monkeypatch.setattr(bench, "run_reference_loop", lambda *a, **k: timed.append(a))
+    code = main(["bench", "fedavg-mlp", "--rounds", "3", "--set", "engine.channels_last=sometimes",
+                 "--out", str(tmp_path / "x.json")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "engine.channels_last" in err
+    assert not timed and not (tmp_path / "x.json").exists()
+    summary = {"workload": "cifar-resnet", "repeat": 1, "timed_rounds": "1..6", "overrides": ["engine.channels_last=off"],
+               "loop": {"seconds_per_round": 6.0}, "machine": {"platform": "Linux", "cpus": 2, "torch": "2.13.0"},
+               "runs": {"vectorize-auto-preagg-2h": {"ratio_to_loop": 0.5, "seconds_per_round": 3.0, "max_abs_diff": 1e-5,
+                                                     "peak_rss_mb": 9000.0}}}
+    (tmp_path / "c.json").write_text(json.dumps(summary))
+    assert main(["bench", "table", str(tmp_path / "c.json")]) == 0
+    assert "| cifar-resnet | vectorize-auto-preagg-2h engine.channels_last=off | 6.000 | 3.000 | 2.00x |" \
+        in capsys.readouterr().out
+
+
+def test_set_reaches_every_rayfl_run_and_not_the_loop(tmp_path, monkeypatch):
+    """The timing machinery stubbed out: each rayfl run's config carries the overrides, the
+    loop's does not, and the summary records them."""
+    import rayfl.bench.fedavg as bench
+    import rayfl.runner
+
+    loops, runs = [], []
+
+    def fake_loop(cfg, *a, **k):
+        loops.append(cfg)
+        return SimpleNamespace(final=np.zeros(3), round_seconds=[1.0, 1.0, 1.0])
+
+    def fake_row(name, cfg, dataset, loop, vec, pre, hosts, device):
+        runs.append(cfg)
+        return {"workload": name, "runner": "rayfl", "device": device, "vectorize": vec, "preaggregate": pre,
+                "num_hosts": hosts, "seconds_per_round": 0.5, "mean_round_seconds": 0.5,
+                "client_updates_per_second": 1.0, "peak_rss_mb": 1.0, "max_abs_diff": 0.0, "same_clients": True}
+
+    monkeypatch.setattr(rayfl.runner, "build_dataset", lambda cfg: None)
+    monkeypatch.setattr(bench, "_start_ray", lambda cfg: False)
+    monkeypatch.setattr(bench, "run_reference_loop", fake_loop)
+    monkeypatch.setattr(bench, "_rayfl_row", fake_row)
+    summary = bench.run_fedavg_bench("fedavg-mlp", 3, tmp_path / "x.json", hosts=[1, 2], vectorize=["auto"],
+                                     preaggregate=["on"], repeat=2, overrides=["engine.channels_last=off"])
+    assert len(runs) == 4 and {cfg.engine.channels_last for cfg in runs} == {"off"}
+    assert {cfg.engine.num_hosts for cfg in runs} == {1, 2}
+    assert loops and {cfg.engine.channels_last for cfg in loops} == {"auto"}
+    assert summary["overrides"] == ["engine.channels_last=off"]
