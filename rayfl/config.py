@@ -405,10 +405,11 @@ class EngineConfig:
     # offers a batched client function: auto where it pays (rayfl's MLP / linear kernel, other
     # networks on a GPU), on, or off (the plain loop; equal to float32 tolerance).
     vectorize: Literal["auto", "on", "off"] = "auto"
-    # Train 2-D convolutions with channels-last weights (rayfl.models.channels_last): auto on a CPU
-    # where the model runs that way (1.1-1.2x a convnet's client round), on (also on a GPU; an
-    # error for a model that cannot), or off (PyTorch's NCHW). The same parameters, with bits that
-    # differ from NCHW's by float32 rounding and are the same on every host layout.
+    # Train 2-D convolutions with channels-last weights in rayfl.local_sgd's client loop
+    # (rayfl.models.channels_last): auto on a CPU where the model runs that way (1.1-1.2x a
+    # convnet's round), on (also on a GPU; an error for a model that cannot), or off (PyTorch's
+    # NCHW). The same parameters, with bits that differ from NCHW's by float32 rounding and are the
+    # same on every host layout.
     channels_last: Literal["auto", "on", "off"] = "auto"
     # auto spreads a call's clients over the hosts by expected work (rayfl.engine.balance; stateless
     # client functions: FedAvg, FedProx), so rounds of few unequal clients end sooner; off runs each
