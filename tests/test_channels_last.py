@@ -154,3 +154,21 @@ def test_the_config_field_is_checked():
     assert load_config(None, []).engine.channels_last == "auto"
     with pytest.raises(ConfigError, match=r"^engine\.channels_last"):
         load_config(None, ["engine.channels_last=sometimes"])
+
+
+def test_a_weight_two_convolutions_share_trains_once():
+    """One Parameter in two Conv2d modules: one buffer, and its steps reach the vector."""
+    conv = nn.Conv2d(2, 2, 3, padding=1)
+    model = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), conv, nn.Conv2d(2, 2, 3, padding=1))
+    model[2].weight = conv.weight
+    w = get_flat(model).clone()
+    before = w.clone()
+    with bound_to(model, w) as bound, channels_last_weights(bound, True) as held:
+        assert len(held.held) == 2 and model[2].weight is conv.weight
+        conv.weight.data.add_(1.0)
+    start = model[0].weight.numel() + model[0].bias.numel()  # conv's weight follows the first layer's
+    shared = slice(start, start + conv.weight.numel())
+    torch.testing.assert_close(w[shared], before[shared] + 1.0, rtol=0, atol=1e-6)
+    rest = torch.ones_like(w, dtype=torch.bool)
+    rest[shared] = False
+    assert torch.equal(w[rest], before[rest])

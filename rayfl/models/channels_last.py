@@ -36,8 +36,9 @@ class ConvWeights:
         def channels_last(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else torch.empty_like(t, memory_format=torch.channels_last)
 
-        self.held = [(m.weight, m.weight.data, channels_last(m.weight.data), m.weight.grad, channels_last(m.weight.grad))
-                     for m in model.modules() if isinstance(m, nn.Conv2d) and m.weight.dim() == 4]
+        weights = {id(m.weight): m.weight for m in model.modules()  # a weight two modules share: once
+                   if isinstance(m, nn.Conv2d) and isinstance(m.weight, nn.Parameter) and m.weight.dim() == 4}
+        self.held = [(p, p.data, channels_last(p.data), p.grad, channels_last(p.grad)) for p in weights.values()]
 
     def bind(self) -> None:
         for p, view, buf, _, grad_buf in self.held:
