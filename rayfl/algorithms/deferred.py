@@ -169,8 +169,8 @@ def shared_weights(layers: list[nn.Linear], w: torch.Tensor, start: torch.Tensor
     at the same offset. A FedAvg client's `start` is the round's broadcast in the object store,
     whose pages every host on a machine maps, so until a window first folds the hosts' products
     read one copy of a large weight through the shared cache instead of one each (FEMNIST's
-    dense layer: 25 MB). Only where the view has the weight's memory alignment, which a BLAS may branch on: the
-    same bits as reading the weight itself."""
+    dense layer: 25 MB). Only where the view has the weight's memory alignment, which a BLAS
+    may branch on: the same bits as reading the weight itself."""
     out = {}
     if start.shape != w.shape or start.dtype != w.dtype or start.device != w.device or start.stride() != (1,):
         return out
