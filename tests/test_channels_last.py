@@ -172,3 +172,53 @@ def test_a_weight_two_convolutions_share_trains_once():
     rest = torch.ones_like(w, dtype=torch.bool)
     rest[shared] = False
     assert torch.equal(w[rest], before[rest])
+
+
+VIEW_NET = '''
+from torch import nn
+
+
+class ViewNet(nn.Module):
+    """Flattens a convolution's output with `.view`."""
+
+    def __init__(self, input_shape, num_classes):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 2, 3, padding=1)
+        self.out = nn.Linear(2 * 16, num_classes)
+
+    def forward(self, x):
+        h = self.conv(x.reshape(x.shape[0], 1, 4, 4))
+        return self.out(h.view(h.shape[0], -1))
+
+
+def build(input_shape, num_classes):
+    return ViewNet(input_shape, num_classes)
+'''
+
+
+def test_a_user_model_that_cannot_run_channels_last(tmp_path):
+    """A model of the user's, outside the repository: `on` stops the run at host start with
+    one line naming the key and status 2; `auto` trains it in NCHW."""
+    import os
+    import subprocess
+    import sys
+
+    from guide_blocks import environment
+
+    (tmp_path / "viewnet.py").write_text(VIEW_NET)
+    env = {**environment(), "PYTHONPATH": str(tmp_path)}
+    keys = ["model.name=viewnet:build", "data.features=16", "run.rounds=2", "engine.num_hosts=1", "engine.pool=off"]
+
+    def run(mode: str) -> subprocess.CompletedProcess:
+        args = [a for k in (*keys, f"engine.channels_last={mode}") for a in ("--set", k)]
+        rayfl = os.path.join(os.path.dirname(sys.executable), "rayfl")
+        return subprocess.run([rayfl, "run", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+    refused = run("on")
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("rayfl: error")]
+    assert refused.returncode == 2 and len(errors) == 1, refused.stderr[-3000:]
+    assert errors[0] == refused.stderr.strip().splitlines()[-1]  # the last line: nothing after it
+    assert errors[0].startswith("rayfl: error: engine.channels_last:") and "view" in errors[0]
+    done = run("auto")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert '"num_updates": 10' in done.stdout.splitlines()[-1]
