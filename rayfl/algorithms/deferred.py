@@ -164,36 +164,41 @@ class DeferredSteps:
             window.fold()
 
 
-def shared_weights(layers: list[nn.Linear], w: torch.Tensor, start: torch.Tensor) -> dict[int, torch.Tensor]:
-    """Each layer's weight as a view of `start`, the vector `w` was copied from: the same values
-    at the same offset. A FedAvg client's `start` is the round's broadcast in the object store,
-    whose pages every host on a machine maps, so until a window first folds the hosts' products
-    read one copy of a large weight through the shared cache instead of one each (FEMNIST's
-    dense layer: 25 MB). Only where the view has the weight's memory alignment, which a BLAS
-    may branch on: the same bits as reading the weight itself."""
+def shared_weights(model: nn.Module, layers: list[nn.Linear], start: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Each layer's weight as a view of `start`, the flat vector the client's was copied from:
+    the same values at the layer's offset in `model.parameters()` order. A FedAvg client's
+    `start` is the round's broadcast in the object store, whose pages every host on a machine
+    maps, so until a window first folds the hosts' products read one copy of a large weight
+    through the shared cache instead of one each (FEMNIST's dense layer: 25 MB). Only where the
+    view has the weight's memory alignment, which a BLAS may branch on: the same bits as reading
+    the weight itself."""
+    offsets, offset = {}, 0
+    for p in model.parameters():
+        offsets[id(p)] = offset
+        offset += p.numel()
+    if start.shape != (offset,) or start.stride() != (1,):
+        return {}
     out = {}
-    if start.shape != w.shape or start.dtype != w.dtype or start.device != w.device or start.stride() != (1,):
-        return out
     for layer in layers:
         weight = layer.weight
-        offset = (weight.data_ptr() - w.data_ptr()) // w.element_size()
-        view = start[offset : offset + weight.numel()].view(weight.shape)
-        if weight.is_contiguous() and view.data_ptr() % 64 == weight.data_ptr() % 64:
+        view = start[offsets[id(weight)] : offsets[id(weight)] + weight.numel()].view(weight.shape)
+        if (weight.is_contiguous() and view.dtype == weight.dtype and view.device == weight.device
+                and view.data_ptr() % 64 == weight.data_ptr() % 64):
             out[id(weight)] = view
     return out
 
 
 @contextmanager
-def deferred_steps(model: nn.Module, batch_size: int, start: tuple[torch.Tensor, torch.Tensor] | None = None,
+def deferred_steps(model: nn.Module, batch_size: int, start: torch.Tensor | None = None,
                    ) -> Iterator[DeferredSteps]:
     """`model` (bound to the client's flat vector) with its deferrable layers computing through
     their windows. The caller sets each step's size before the forward pass, steps every other
     parameter itself and calls `end_step` after each backward; on exit every window is folded,
-    so the flat vector holds the trained weights. `start` (the flat vector, and the vector it
-    was copied from, never written) lets the windows read the weights from the latter until
-    they first fold (`shared_weights`)."""
+    so the flat vector holds the trained weights. `start` (the vector the client's was copied
+    from, never written) lets the windows read the weights from it until they first fold
+    (`shared_weights`)."""
     layers = deferrable(model, batch_size)
-    steps = DeferredSteps(layers, shared_weights(layers, *start) if start is not None and layers else None)
+    steps = DeferredSteps(layers, shared_weights(model, layers, start) if start is not None and layers else None)
     for layer in layers:
         window = steps.windows[id(layer.weight)]
 

@@ -94,7 +94,7 @@ def _plain_sgd(ctx: ClientContext, w: torch.Tensor, lr: float, schedule: LocalSc
     10; measured on an AMD EPYC and an Intel Xeon). The same values: a gradient added into
     zeros is itself. `start` is what `w` was copied from (never written)."""
     losses = []
-    with bound_to(ctx.model, w) as model, deferred_steps(model, schedule.batch_size, (w, start)) as deferred, \
+    with bound_to(ctx.model, w) as model, deferred_steps(model, schedule.batch_size, start) as deferred, \
             channels_last_weights(model, ctx.channels_last):
         # a large dense layer's steps wait as low-rank factors (rayfl.algorithms.deferred)
         params = [p for p in model.parameters() if not deferred.holds(p)]

@@ -214,14 +214,17 @@ class ClientHostImpl:
             mine = {t: float(w) for t, w in weights.items() if t in self.kept}
             if not mine or any(key not in self.kept[t] for t in mine):
                 continue
-            terms = [(self.kept[t][key], w) for t, w in sorted(mine.items())]
-            out[key] = (exponent, mine, fixed_point_sum(terms, exponent, terms[0][0].shape))
+            out[key] = (exponent, mine, self._partial_sum(key, mine, exponent, take=False))
         return out
 
     def reduce(self, key: str, weights: Mapping[int, float], exponent: int) -> np.ndarray:
         """sum over tasks of weight * kept[task][key] on the fixed-point grid 2**-exponent
         (rayfl.engine.exact_sum): this host's exact share of a weighted sum."""
-        terms = [(self.kept[task].pop(key), w) for task, w in sorted(weights.items())]
+        return self._partial_sum(key, weights, exponent, take=True)
+
+    def _partial_sum(self, key: str, weights: Mapping[int, float], exponent: int, take: bool) -> np.ndarray:
+        """The exact weighted sum of the kept `key` over `weights`' tasks; `take` drops them."""
+        terms = [(self.kept[task].pop(key) if take else self.kept[task][key], w) for task, w in sorted(weights.items())]
         return fixed_point_sum(terms, exponent, terms[0][0].shape if terms else (0,))
 
     def _prepare(

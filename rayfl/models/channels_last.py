@@ -30,13 +30,14 @@ class ConvWeights:
     """The channels-last buffers standing in for a model's 2-D convolution weights, and for
     their `.grad` where backward accumulates into a flat gradient (`bound_to`'s `grad`): a
     gradient whose layout differs from its parameter's costs autograd a warning and a slower
-    accumulation."""
+    accumulation. Without a model: none (a client that trains in NCHW)."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module | None):
         def channels_last(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else torch.empty_like(t, memory_format=torch.channels_last)
 
-        weights = {id(m.weight): m.weight for m in model.modules()  # a weight two modules share: once
+        modules = model.modules() if model is not None else ()
+        weights = {id(m.weight): m.weight for m in modules  # a weight two modules share: once
                    if isinstance(m, nn.Conv2d) and isinstance(m.weight, nn.Parameter) and m.weight.dim() == 4}
         self.held = [(p, p.data, channels_last(p.data), p.grad, channels_last(p.grad)) for p in weights.values()]
 
@@ -77,7 +78,7 @@ def channels_last_weights(model: nn.Module, enabled: bool, write_back: bool = Tr
     """`model`'s 2-D convolutions with channels-last weights while inside, when `enabled`;
     with `write_back`, the buffers' values go back into the weights the module had on entry
     (views of the client's vector under `bound_to`) on a normal exit."""
-    weights = ConvWeights(model) if enabled else ConvWeights(nn.Module())
+    weights = ConvWeights(model if enabled else None)
     weights.bind()
     try:
         yield weights
