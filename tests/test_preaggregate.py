@@ -15,7 +15,15 @@ import pandas as pd
 import pytest
 
 from rayfl.config import ConfigError, load_config
-from rayfl.engine.exact_sum import KeptValue, common_exponent, fixed_point_sum, max_abs, to_float
+from rayfl.engine import exact_sum
+from rayfl.engine.exact_sum import (
+    KeptValue,
+    common_exponent,
+    fixed_point_sum,
+    fused_operand,
+    max_abs,
+    to_float,
+)
 from rayfl.results import load
 from rayfl.runner import run_experiment
 
@@ -122,11 +130,20 @@ def fixed_point_cases():
     mixed = [rng.normal(size=300), rng.normal(size=300).astype(np.float16), rng.normal(size=300).astype(np.float32)]
     yield "float64-float16", [(v, w) for v, w in zip(mixed, (0.1, -0.2, 0.3), strict=True)], fitted(mixed, [0.1, 0.2, 0.3]), (300,)
     yield "no-terms", [], 0, (5,)
+    frozen = deltas(4099, 3)
+    for v in frozen:
+        v.setflags(write=False)  # as an object-store array is
+    yield "read-only", [(v, 0.1 * (i + 1)) for i, v in enumerate(frozen)], fitted(frozen, [0.1, 0.2, 0.3]), (4099,)
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["numpy", "compiled"])
 @pytest.mark.parametrize("case", list(fixed_point_cases()), ids=lambda c: c[0])
-def test_fixed_point_sum_matches_the_reference_bit_for_bit(case):
+def test_fixed_point_sum_matches_the_reference_bit_for_bit(case, compiled, monkeypatch):
+    """Every case through numpy's passes and through the compiled kernel (every term that it
+    takes: the size threshold lowered to 0)."""
     _, terms, exponent, shape = case
+    if compiled:
+        monkeypatch.setattr(exact_sum, "FUSED_MIN_ENTRIES", 0)
     with np.errstate(invalid="ignore"):  # inf - inf
         got = fixed_point_sum(iter(terms), exponent, shape)
         want = reference_fixed_point_sum(terms, exponent, shape)
@@ -141,6 +158,44 @@ def test_fixed_point_sum_matches_the_reference_bit_for_bit(case):
         with pytest.raises(OverflowError):
             math.ldexp(terms[0][1], exponent)
         assert np.isfinite(want).all() and np.all(want != 0)
+
+
+def test_large_terms_take_the_compiled_pass_with_the_reference_bits():
+    """At the default threshold a model-sized term is added by the compiled kernel, small,
+    strided or float16 ones by numpy; the bits are the reference's either way."""
+    n = exact_sum.FUSED_MIN_ENTRIES
+    rng = np.random.default_rng(3)
+    big = [(rng.normal(size=n) * 10.0 ** -k).astype(np.float32) for k in range(3)]
+    assert fused_operand(big[0], (n,)) is not None and exact_sum.fused_kernel() is not None
+    assert fused_operand(big[0][:-1], (n - 1,)) is None  # small
+    assert fused_operand(np.zeros(2 * n, np.float32)[::2], (n,)) is None  # strided
+    assert fused_operand(np.zeros(n, np.float16), (n,)) is None
+    assert fused_operand(big[0], (n + 1,)) is None  # another shape: numpy's broadcasting rules
+    weights = [0.5, -0.25, 0.125]
+    e = common_exponent(weights, [max_abs(v) for v in big])
+    got = fixed_point_sum(zip(big, weights, strict=True), e, (n,))
+    np.testing.assert_array_equal(got.view(np.int64), reference_fixed_point_sum(list(zip(big, weights, strict=True)), e, (n,)).view(np.int64))
+
+
+def test_without_the_kernel_the_sums_take_numpys_passes(monkeypatch):
+    """Numba unable to load the kernel (here: its module not importable): one warning, then
+    numpy's passes, the same bits."""
+    import sys
+
+    monkeypatch.setattr(exact_sum, "FUSED_MIN_ENTRIES", 0)
+    values = [np.linspace(-1, 1, 101, dtype=np.float32), np.full(101, 0.3, dtype=np.float32)]
+    terms = list(zip(values, [0.7, 0.2], strict=True))
+    exact_sum.fused_kernel.cache_clear()
+    try:
+        with monkeypatch.context() as patch:
+            patch.setitem(sys.modules, "rayfl.engine.rounded_sum", None)
+            with pytest.warns(UserWarning, match="numpy's slower passes"):
+                got = fixed_point_sum(terms, 30, (101,))
+            assert exact_sum.fused_kernel() is None
+    finally:
+        exact_sum.fused_kernel.cache_clear()
+    np.testing.assert_array_equal(got.view(np.int64), reference_fixed_point_sum(terms, 30, (101,)).view(np.int64))
+    assert exact_sum.fused_kernel() is not None
 
 
 def test_preaggregate_is_validated():

@@ -28,7 +28,7 @@ from rayfl.config import ConfigError, ModelConfig, section_config
 from rayfl.data.lazy import ClientIds
 from rayfl.data.rows import host_rows, is_file_rows
 from rayfl.engine.context import ClientContext
-from rayfl.engine.exact_sum import PRESUM, KeptValue, fixed_point_sum
+from rayfl.engine.exact_sum import PRESUM, FixedPointSum, KeptValue, fixed_point_sum
 from rayfl.engine.payload import payload_nbytes, to_numpy_tree
 from rayfl.engine.vectorized import BatchedFn, use_batched, vectorize_mode
 from rayfl.models import build_model
@@ -157,9 +157,10 @@ class ClientHostImpl:
         order = sorted(client_ids)
         self.foreign = dict(foreign or {})
         try:
-            records = self._run(fn, order, round, broadcast, per_client, budgets, task_ids, keep, uploads)
+            records, presums = self._run(fn, order, round, broadcast, per_client, budgets, task_ids, keep, uploads,
+                                         presum)
             if presum and keep and records:
-                records[0][PRESUM] = self._presum(presum)
+                records[0][PRESUM] = presums
             return records
         finally:
             for cid in self.foreign:  # a visiting client leaves nothing behind
@@ -171,7 +172,9 @@ class ClientHostImpl:
         self, fn: ClientFn, order: list[int], round: int, broadcast: Mapping[str, Any],
         per_client: Mapping[int, Mapping[str, Any]] | None, budgets: Mapping[int, float] | None,
         task_ids: Mapping[int, int] | None, keep: tuple[str, ...], uploads: UploadSpec | None = None,
-    ) -> list[dict[str, Any]]:
+        presum: Mapping[str, tuple[int, Mapping[int, float]]] | None = None,
+    ) -> tuple[list[dict[str, Any]], dict[str, tuple[int, dict[int, float], np.ndarray]]]:
+        """`run`'s records, and the partial sums `presum` asked for (see `_keep`)."""
         for cid in order:
             if cid not in self.client_train and cid not in self.foreign:
                 raise KeyError(f"host {self.host_id} does not host client {cid}")
@@ -189,42 +192,47 @@ class ClientHostImpl:
             if rec["client"] in self.foreign and rec["state_changed"]:
                 raise RuntimeError(f"client function {getattr(fn, '__name__', fn)} is marked stateless "
                                    f"(rayfl.stateless) but changed client {rec['client']}'s state")
-        if keep:
-            self._keep(records, keep, task_ids)
-        return records
+        presums = self._keep(records, keep, task_ids, presum) if keep else {}
+        return records, presums
 
-    def _keep(self, records: list[dict[str, Any]], keep: tuple[str, ...], task_ids: Mapping[int, int] | None) -> None:
+    def _keep(
+        self, records: list[dict[str, Any]], keep: tuple[str, ...], task_ids: Mapping[int, int] | None,
+        presum: Mapping[str, tuple[int, Mapping[int, float]]] | None = None,
+    ) -> dict[str, tuple[int, dict[int, float], np.ndarray]]:
         """Move the `keep` arrays of every record into `self.kept` (the record's bytes_up
-        still counts them: the simulated client sends its full answer)."""
+        still counts them: the simulated client sends its full answer). With `presum` (key ->
+        (grid exponent, task id -> weight)), returns `reduce`'s answer for each key whose
+        weighted tasks all kept it: each array joins its sum as it is kept, read from memory
+        once while it is in the cache for both (finding max|v| and adding it)."""
         if task_ids is None:
             raise ValueError("keeping outputs on the host needs task ids")
+        sums: dict[str, FixedPointSum] = {}
         for rec in records:
             values = rec["values"]
-            mine = self.kept.setdefault(task_ids[rec["client"]], {})
+            task = task_ids[rec["client"]]
+            mine = self.kept.setdefault(task, {})
             for key in keep:
                 value = values.get(key)
                 if isinstance(value, np.ndarray):
                     mine[key] = value
                     values[key] = KeptValue.of(value)
-
-    def _presum(self, presum: Mapping[str, tuple[int, Mapping[int, float]]]) -> dict[str, tuple[int, dict[int, float], np.ndarray]]:
-        """`reduce`'s answer for each expected (key, exponent, weights) whose tasks all kept the key."""
+                    if presum and key in presum and task in presum[key][1]:
+                        exponent, weights = presum[key]
+                        if key not in sums:
+                            sums[key] = FixedPointSum(exponent, value.shape)
+                        sums[key].add(value, weights[task])
         out = {}
-        for key, (exponent, weights) in presum.items():
+        for key, total in sums.items():
+            exponent, weights = presum[key]
             mine = {t: float(w) for t, w in weights.items() if t in self.kept}
-            if not mine or any(key not in self.kept[t] for t in mine):
-                continue
-            out[key] = (exponent, mine, self._partial_sum(key, mine, exponent, take=False))
+            if all(key in self.kept[t] for t in mine):  # else some task's key was not an array
+                out[key] = (exponent, mine, total.total)
         return out
 
     def reduce(self, key: str, weights: Mapping[int, float], exponent: int) -> np.ndarray:
         """sum over tasks of weight * kept[task][key] on the fixed-point grid 2**-exponent
         (rayfl.engine.exact_sum): this host's exact share of a weighted sum."""
-        return self._partial_sum(key, weights, exponent, take=True)
-
-    def _partial_sum(self, key: str, weights: Mapping[int, float], exponent: int, take: bool) -> np.ndarray:
-        """The exact weighted sum of the kept `key` over `weights`' tasks; `take` drops them."""
-        terms = [(self.kept[task].pop(key) if take else self.kept[task][key], w) for task, w in sorted(weights.items())]
+        terms = [(self.kept[task].pop(key), w) for task, w in sorted(weights.items())]
         return fixed_point_sum(terms, exponent, terms[0][0].shape if terms else (0,))
 
     def _prepare(
