@@ -191,6 +191,33 @@ def test_mlflow_local_store_in_the_run_dir(tmp_path: Path) -> None:
     assert client.get_run(cb.run_id).info.status == "FINISHED"
 
 
+def test_mlflow_resume_sends_no_round_twice(tmp_path: Path) -> None:
+    """A run checkpointed after round 2 whose rounds 3 and 4 reached MLflow before it was
+    killed: its resume runs 3 and 4 again, and every metric keeps one point a step (MLflow
+    cannot delete points; replay gives the same values, so the first ones stay)."""
+    from mlflow.tracking import MlflowClient
+
+    run = RunInfo(run_id="r1", run_dir=tmp_path, config=CONFIG)
+    killed = MLflow(MLflowConfig())
+    drive(killed, run, range(3), status=None)
+    state = killed.state_dict()
+    for r in (3, 4):
+        killed.on_round(round_row(r), run)
+        for row in eval_rows(r) if r in EVAL_ROUNDS else []:
+            killed.on_eval(row, run)
+    killed.flush()  # a time-based flush before the kill
+    resumed = MLflow(MLflowConfig())
+    resumed.load_state_dict(state)
+    drive(resumed, RunInfo(run_id="r1", run_dir=tmp_path, config=CONFIG, resumed=True), range(3, 7), shift=10.0)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    expect = [loss(r) for r in range(5)] + [loss(r, 10.0) for r in (5, 6)]
+    assert history(client, killed.run_id, "train_loss") == [(r, pytest.approx(v)) for r, v in enumerate(expect)]
+    for key in ("wall_time", "test_accuracy", "evals.test.test_accuracy"):
+        steps = [s for s, _ in history(client, killed.run_id, key)]
+        assert steps == sorted(set(steps)), key
+    assert [s for s, _ in history(client, killed.run_id, "evals.test.test_accuracy")] == [r for r in range(7) if r in EVAL_ROUNDS]
+
+
 def test_mlflow_needs_a_tracking_uri_without_a_run_dir() -> None:
     with pytest.raises(ConfigError) as e:
         MLflow(MLflowConfig()).on_run_start(RunInfo(run_id="r1", run_dir=None, config=CONFIG))

@@ -165,7 +165,8 @@ class MLflowConfig(CallbackConfig):
     tracking_uri: str | None = None
     # The MLflow experiment (created when missing).
     experiment: str = "rayfl"
-    # The MLflow run's name; null: the rayfl run id.
+    # The MLflow run's name; null: the rayfl run id. A resumed run carries on in the same MLflow
+    # run, sending no step a metric already has (rounds run again after the checkpoint).
     run_name: str | None = None
     # Send buffered metrics at least this often (wall seconds; 0: after every row), so a fast
     # run makes one request per batch of rounds rather than one per round.
@@ -237,6 +238,10 @@ class MLflow(Callback):
         self.run_id: str | None = None
         self.pending: list[Any] = []
         self.last_flush = 0.0
+        # On resume, the last step each metric already has: a run killed after its checkpoint
+        # may have sent rounds that its resume runs again (the same values: replay is exact),
+        # and MLflow cannot delete a point, so those are not sent twice.
+        self.logged_through: dict[str, int] = {}
 
     def on_run_start(self, run: RunInfo) -> None:
         try:
@@ -257,7 +262,10 @@ class MLflow(Callback):
             if self.run_id is not None:
                 self.client.get_run(self.run_id)  # the checkpoint's MLflow run must exist here
                 self.client.update_run(self.run_id, status="RUNNING")
-                logged = set(self.client.get_run(self.run_id).data.params)
+                data = self.client.get_run(self.run_id).data
+                logged = set(data.params)
+                self.logged_through = {key: max((m.step for m in self.client.get_metric_history(self.run_id, key)),
+                                                default=-1) for key in data.metrics}
             else:
                 self.run_id = self.create_run(run)
                 logged = set()
@@ -298,7 +306,10 @@ class MLflow(Callback):
         from mlflow.entities import Metric
 
         now, step = int(time.time() * 1000), int(row["round"])
-        self.pending.extend(Metric(mlflow_key(prefix + k), v, now, step) for k, v in scalars(row, skip))
+        for k, v in scalars(row, skip):
+            key = mlflow_key(prefix + k)
+            if step > self.logged_through.get(key, -1):
+                self.pending.append(Metric(key, v, now, step))
         if time.monotonic() - self.last_flush >= self.cfg.flush_secs or len(self.pending) >= METRICS_PER_BATCH:
             self.flush()
 
