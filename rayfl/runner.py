@@ -304,7 +304,12 @@ def _execute(
     try:
         with writer, StopSignals() as stop:
             mark("writer_open")
-            fed = Federation(cfg, dataset, writer=writer, progress=progress, resume=resume, callbacks=callbacks)
+            try:
+                fed = Federation(cfg, dataset, writer=writer, progress=progress, resume=resume, callbacks=callbacks)
+            except ConfigError:  # bad input the hosts found at their start: the run never began
+                if resume is None:
+                    writer.discard()
+                raise
             mark("hosts_ready")
             stop.federation = fed
             writer.update_manifest(

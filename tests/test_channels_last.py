@@ -198,7 +198,8 @@ def build(input_shape, num_classes):
 
 def test_a_user_model_that_cannot_run_channels_last(tmp_path):
     """A model of the user's, outside the repository: `on` stops the run at host start with
-    one line naming the key and status 2; `auto` trains it in NCHW."""
+    one line naming the key and status 2, leaving no run directory behind; `auto` then trains
+    it in NCHW under the same run id."""
     import os
     import subprocess
     import sys
@@ -207,7 +208,8 @@ def test_a_user_model_that_cannot_run_channels_last(tmp_path):
 
     (tmp_path / "viewnet.py").write_text(VIEW_NET)
     env = {**environment(), "PYTHONPATH": str(tmp_path)}
-    keys = ["model.name=viewnet:build", "data.features=16", "run.rounds=2", "engine.num_hosts=1", "engine.pool=off"]
+    keys = ["model.name=viewnet:build", "data.features=16", "run.rounds=2", "engine.num_hosts=1", "engine.pool=off",
+            f"output.dir={tmp_path / 'results'}", "run.experiment=ex", "run.run_id=viewnet"]
 
     def run(mode: str) -> subprocess.CompletedProcess:
         args = [a for k in (*keys, f"engine.channels_last={mode}") for a in ("--set", k)]
@@ -219,6 +221,7 @@ def test_a_user_model_that_cannot_run_channels_last(tmp_path):
     assert refused.returncode == 2 and len(errors) == 1, refused.stderr[-3000:]
     assert errors[0] == refused.stderr.strip().splitlines()[-1]  # the last line: nothing after it
     assert errors[0].startswith("rayfl: error: engine.channels_last:") and "view" in errors[0]
+    assert not (tmp_path / "results" / "ex" / "viewnet").exists()
     done = run("auto")
     assert done.returncode == 0, done.stderr[-3000:]
     assert '"num_updates": 10' in done.stdout.splitlines()[-1]

@@ -427,6 +427,13 @@ class RunWriter:
         if status == "completed" and self.compact:
             self._compact()
 
+    def discard(self) -> None:
+        """Delete the directory of a run that never started (its hosts refused the job as bad
+        input): it holds nothing but the manifest, and the user's retry under the same run id
+        must find the name free. Not for a resumed run, whose directory holds its results."""
+        self.closed = True
+        self._dir.fs.delete_dir(self._dir.path)
+
     def _finish(self, status: str, error: str | None, summary: Mapping[str, Any] | None) -> None:
         self.closed = True
         self.update_manifest(
