@@ -1,5 +1,6 @@
 """In-process hosts over tiny random data: what the loop-versus-batched client tests build
-(no Ray; a ClientHostImpl runs the client functions directly)."""
+(no Ray; a ClientHostImpl runs the client functions directly), and the check that two paths'
+records agree."""
 
 from __future__ import annotations
 
@@ -30,3 +31,20 @@ def sized_host(sizes: Mapping[int, int], features: int | tuple[int, ...], classe
     return ClientHostImpl(0, arrays, clients, None, model, shape, classes, seed,
                           flops_per_sample=flops_per_sample, vectorize=vectorize, device=device,
                           channels_last=channels_last)
+
+
+def assert_records_match(loop: list[dict], vec: list[dict], wider: dict[str, dict] | None = None, **tol: float) -> None:
+    """Work, steps and bytes identical; every output value equal to `tol` (default: bitwise),
+    the values named in `wider` to their own tolerance."""
+    assert len(loop) == len(vec)
+    for a, b in zip(loop, vec, strict=True):
+        for key in ("client", "num_samples", "forward_samples", "backward_samples", "local_steps", "truncated",
+                    "bytes_up", "bytes_down", "state_changed"):
+            assert a[key] == b[key], (key, a["client"])
+        assert a["values"].keys() == b["values"].keys()
+        for key, v in a["values"].items():
+            key_tol = (wider or {}).get(key, tol)
+            if key_tol:
+                np.testing.assert_allclose(b["values"][key], v, **key_tol, err_msg=f"{key} of client {a['client']}")
+            else:
+                np.testing.assert_array_equal(b["values"][key], v, err_msg=f"{key} of client {a['client']}")

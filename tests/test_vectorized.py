@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from host_fixtures import sized_host
+from host_fixtures import assert_records_match, sized_host
 
 from rayfl.algorithms.fedavg import fedavg_client, fedavg_clients, scaffold_client
 from rayfl.algorithms.local import LocalSchedule
@@ -55,22 +55,11 @@ def run_both(fn, broadcast, per_client=None, budgets=None, model="mlp", rounds=1
     return out["off"], out["on"]
 
 
-def assert_records_match(loop: list[dict], vec: list[dict]) -> None:
-    assert len(loop) == len(vec)
-    for a, b in zip(loop, vec, strict=True):
-        for key in ("client", "num_samples", "forward_samples", "backward_samples", "local_steps", "truncated",
-                    "bytes_up", "bytes_down", "state_changed"):
-            assert a[key] == b[key], (key, a["client"])
-        assert a["values"].keys() == b["values"].keys()
-        for key, v in a["values"].items():
-            np.testing.assert_allclose(b["values"][key], v, **TOL, err_msg=f"{key} of client {a['client']}")
-
-
 @pytest.mark.parametrize("model", ["mlp", "linear"])
 def test_fedavg_batched_equals_loop_with_unequal_clients(model):
     x0 = initial(model)
     (loop, _), (vec, _) = run_both(fedavg_client, {"params": x0, "lr": 0.3, "schedule": LocalSchedule(4, 2, None)}, model=model)
-    assert_records_match(loop, vec)
+    assert_records_match(loop, vec, **TOL)
     assert [r["local_steps"] for r in vec] == [4, 6, 2, 6, 0]  # ceil(n / 4) per epoch, two epochs
     assert np.isnan(vec[-1]["values"]["loss"]) and not np.any(vec[-1]["values"]["delta"])  # the empty client
     assert np.abs(vec[1]["values"]["delta"]).max() > 1e-3  # it really trained
@@ -80,7 +69,7 @@ def test_fedprox_and_per_client_schedules_and_harmonic_lr():
     x0 = initial()
     per = {c: {"schedule": LocalSchedule(5, None, 1 + c, lr_offset=2.0), "lr": 0.2 + 0.1 * c} for c in SIZES}
     (loop, _), (vec, _) = run_both(fedavg_client, {"params": x0, "weight_decay": 0.01, "prox_mu": 0.5}, per)
-    assert_records_match(loop, vec)
+    assert_records_match(loop, vec, **TOL)
     assert [r["local_steps"] for r in vec] == [1, 2, 3, 4, 0]
 
 
@@ -100,7 +89,7 @@ def test_fedprox_pull_towards_the_start_takes_the_folded_path(monkeypatch):
     monkeypatch.setattr(local.Affine, "of", classmethod(spy))
     (loop, _), (vec, _) = run_both(fedavg_client, {"params": initial(), "lr": 0.2, "prox_mu": 0.5,
                                                    "schedule": LocalSchedule(4, 1, None)})
-    assert_records_match(loop, vec)
+    assert_records_match(loop, vec, **TOL)
     assert seen[0] == "start" and "tensor" in seen  # the fold, then the explicit drift
 
 
@@ -109,7 +98,7 @@ def test_work_budget_truncates_like_the_loop():
     budgets = {0: 10.0 * 3 * 8, 1: 10.0 * 3 * 20, 3: 0.0}  # flops_per_sample 10, backward 3: 8, 20, 0 samples
     (loop, _), (vec, _) = run_both(fedavg_client, {"params": x0, "lr": 0.3, "schedule": LocalSchedule(4, 2, None)},
                                    budgets=budgets)
-    assert_records_match(loop, vec)
+    assert_records_match(loop, vec, **TOL)
     assert [r["local_steps"] for r in vec] == [2, 5, 2, 0, 0] and vec[0]["truncated"] and not vec[2]["truncated"]
 
 
@@ -122,7 +111,7 @@ def test_scaffold_batched_keeps_control_variates_like_the_loop(hidden):
     control = (0.05 * rng.normal(size=x0.shape)).astype(np.float32)
     broadcast = {"params": x0, "control": control, "lr": 0.2, "schedule": LocalSchedule(4, 1, None)}
     (loop, host_l), (vec, host_v) = run_both(scaffold_client, broadcast, rounds=2, hidden=hidden)  # round 2 reads round 1's c_i
-    assert_records_match(loop, vec)
+    assert_records_match(loop, vec, **TOL)
     for c in SIZES:
         a, b = host_l.states[c].get("control"), host_v.states[c].get("control")
         assert (a is None) == (b is None)

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from host_fixtures import sized_host
+from host_fixtures import assert_records_match, sized_host
 
 from rayfl.algorithms.fedavg import fedavg_client, fedavg_clients, scaffold_client, scaffold_clients
 from rayfl.algorithms.local import LocalSchedule, local_sgd, local_sgd_batched
@@ -103,23 +103,6 @@ def twin_outputs(monkeypatch) -> list[int | None]:
 
         monkeypatch.setattr(fn, "__rayfl_batched__", spy)
     return seen
-
-
-def assert_records_match(loop: list[dict], vec: list[dict], wider: dict[str, dict] | None = None, **tol: float) -> None:
-    """Work, steps and bytes identical; every output value equal to `tol` (default: bitwise),
-    the values named in `wider` to their own tolerance."""
-    assert len(loop) == len(vec)
-    for a, b in zip(loop, vec, strict=True):
-        for key in ("client", "num_samples", "forward_samples", "backward_samples", "local_steps", "truncated",
-                    "bytes_up", "bytes_down", "state_changed"):
-            assert a[key] == b[key], (key, a["client"])
-        assert a["values"].keys() == b["values"].keys()
-        for key, v in a["values"].items():
-            key_tol = (wider or {}).get(key, tol)
-            if key_tol:
-                np.testing.assert_allclose(b["values"][key], v, **key_tol, err_msg=f"{key} of client {a['client']}")
-            else:
-                np.testing.assert_array_equal(b["values"][key], v, err_msg=f"{key} of client {a['client']}")
 
 
 def assert_trained(records: list[dict]) -> None:
