@@ -70,6 +70,40 @@ def test_femnist_writers_have_femnist_sizes_and_a_client_does_not_depend_on_the_
     assert not np.array_equal(again.train_x[again.client_train[0]][:1], few.train_x[few.client_train[0]][:1])
 
 
+@pytest.mark.parametrize("like", ["femnist", "cifar10", "shakespeare"])
+def test_lookalike_pools_are_the_split_of_all_clients_drawn_in_a_row(like):
+    """Drawn client by client into the two pools, the data equal the plain build: every
+    client's rows drawn into one array in a row, then each client's last rows split off
+    (rayfl.data.synthetic.clients_as_pool), rows, labels and owners alike."""
+    from rayfl.data.lookalike import (
+        SHAPES,
+        LookalikeConfig,
+        _images,
+        _text,
+        draw_shared,
+        load_lookalike,
+    )
+    from rayfl.data.synthetic import clients_as_pool
+    from rayfl.rng import numpy_rng
+
+    cfg, seed, count = LookalikeConfig(like=like, test_fraction=0.3), 5, 17
+    shape, classes, _ = SHAPES[like]
+    mu, sigma, low, high = cfg.size_law()
+    sizes = np.array([int(min(np.floor(numpy_rng(seed, "lookalike.size", client=k).lognormal(mu, sigma)) + low, high))
+                      for k in range(count)])
+    x = np.empty((int(sizes.sum()), *shape), dtype=np.int64 if like == "shakespeare" else np.float32)
+    y = np.empty(int(sizes.sum()), dtype=np.int64)
+    draw, shared, at = (_text if like == "shakespeare" else _images), draw_shared(like, shape, classes, seed), 0
+    for k, n in enumerate(sizes):
+        draw(numpy_rng(seed, "lookalike", client=k), shared, x[at:at + n], y[at:at + n])
+        at += n
+    for got, want in zip(load_lookalike(cfg, seed, count), clients_as_pool(x, y, sizes, 0.3, classes, f"lookalike({like})"),
+                         strict=True):
+        assert got.x.dtype == want.x.dtype and (got.name, got.num_groups) == (want.name, want.num_groups)
+        for field in ("x", "y", "groups"):
+            np.testing.assert_array_equal(getattr(got, field), getattr(want, field), err_msg=field)
+
+
 def test_lookalike_labels_are_learnable():
     """Images are class prototypes plus noise: the class means are far apart; text labels
     follow the bigram chain, so the last character predicts the next better than chance."""
