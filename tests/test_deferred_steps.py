@@ -10,6 +10,8 @@ each client the same bits whichever clients share it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 import torch
@@ -50,9 +52,24 @@ def cnn() -> nn.Module:  # 3 x 14 x 14 features into 2048 units: a 1.2M-paramete
     return build_model(section_config("model", name="femnist_cnn", channels=[2, 3], dense=2048), (1, 56, 56), 5)
 
 
+def seeded(build: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
+    """`build` from a fixed initialisation, whatever ran before in the process: about one
+    random CNN in fifty puts a ReLU or max-pool near a tie that float32's other rounding then
+    flips, and 26 steps carry the flip to 1e-2 (an unseeded build made the float32 test fail
+    by test order alone)."""
+
+    def make() -> nn.Module:
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            return build()
+
+    return make
+
+
 LR = 0.05
 N = 140  # rows of the float64 client: 70 steps of 4 over two passes
-NETS = {"mlp": (mlp, (1024,)), "cnn": (cnn, (1, 56, 56)), "shared": (lambda: TwiceOnRows(1024, 5), (3, 1024))}
+NETS = {"mlp": (seeded(mlp), (1024,)), "cnn": (seeded(cnn), (1, 56, 56)),
+        "shared": (seeded(lambda: TwiceOnRows(1024, 5)), (3, 1024))}
 
 
 def context(model: nn.Module, shape: tuple[int, ...], n: int, dtype: torch.dtype, cid: int = 0) -> ClientContext:
