@@ -18,11 +18,16 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from rayfl.errors import ConfigError
+from rayfl.robust.aggregators import column_blocks, rows_mean
 
 AttackName = Literal[
     "none", "sign_flip", "random_sign", "gaussian", "constant", "alie", "ipm", "label_flip"
 ]
 ATTACKS: tuple[str, ...] = get_args(AttackName)
+
+# The attacks whose uploads start from each Byzantine client's own vector (`craft`'s `own`); the
+# others need only how many Byzantine clients there are.
+FROM_OWN = frozenset({"none", "label_flip", "sign_flip", "random_sign"})
 
 # Where an AttackConfig sits in a job file, for error messages.
 ATTACK_KEY = "robust.attack"
@@ -71,22 +76,36 @@ def alie_z(n: int, f: int) -> float:
     return NormalDist().inv_cdf(p)
 
 
-def alie(honest: ArrayLike, count: int, z: float | None = None) -> np.ndarray:
+def alie(
+    honest: ArrayLike, count: int, z: float | None = None, *, rows: np.ndarray | None = None
+) -> np.ndarray:
     """ALIE (Baruch et al. 2019): every Byzantine sends mu - z sigma, with mu and sigma the
     coordinate-wise mean and (population) standard deviation of the honest vectors: a small
     shift inside the honest spread, which medians and Krum do not reject. z defaults to
-    `alie_z(n, f)` with n = honest + count, f = count."""
-    h = _honest(honest)
-    z = alie_z(len(h) + count, count) if z is None else float(z)
-    crafted = h.mean(axis=0) - z * h.std(axis=0)
-    return np.tile(crafted, (count, 1))
+    `alie_z(n, f)` with n = honest + count, f = count.
+
+    `rows`: the honest vectors are honest[rows] (read in place, as in `craft`). The moments are
+    taken one column block at a time, bit for bit numpy's whole-stack mean and std."""
+    h, rows = _honest(honest, rows)
+    g = len(h) if rows is None else len(rows)
+    z = alie_z(g + count, count) if z is None else float(z)
+    mu, sigma = np.empty(h.shape[1]), np.empty(h.shape[1])
+    for cols in column_blocks(g, h.shape[1]):
+        block = h[:, cols] if rows is None else h[rows, cols]
+        mu[cols], sigma[cols] = block.mean(axis=0), block.std(axis=0)
+    sigma *= z  # mu - z * sigma, in place: the same two roundings, no more [d] temporaries
+    mu -= sigma
+    return np.tile(mu, (count, 1))
 
 
-def ipm(honest: ArrayLike, count: int, epsilon: float = 0.1) -> np.ndarray:
+def ipm(
+    honest: ArrayLike, count: int, epsilon: float = 0.1, *, rows: np.ndarray | None = None
+) -> np.ndarray:
     """Inner-product manipulation (Xie et al. 2020): every Byzantine sends -eps * mean(honest),
-    making the aggregate's inner product with the true mean negative for a large enough eps."""
-    h = _honest(honest)
-    return np.tile(-float(epsilon) * h.mean(axis=0), (count, 1))
+    making the aggregate's inner product with the true mean negative for a large enough eps.
+    `rows`: the honest vectors are honest[rows] (read in place, as in `craft`)."""
+    h, rows = _honest(honest, rows)
+    return np.tile(-float(epsilon) * rows_mean(h, rows), (count, 1))
 
 
 # ---------------------------------------------------------------- data attack
@@ -194,6 +213,8 @@ def craft(
     rng: np.random.Generator,
     own: ArrayLike | None = None,
     count: int | None = None,
+    *,
+    rows: np.ndarray | None = None,
 ) -> np.ndarray:
     """The [B, d] vectors the Byzantine clients upload this round.
 
@@ -201,8 +222,12 @@ def craft(
     stack of what the Byzantine clients would have sent honestly; without it (attackers added
     on top of M clients, as in the FFGG authors' run) give `count`, and sign-based attacks start
     from the vector of an honest client drawn per attacker (spec Sec. 6, item 28). `none` and
-    `label_flip` send `own` as is (a label-flipper's update comes from its flipped data)."""
-    h = _honest(honest)
+    `label_flip` send `own` as is (a label-flipper's update comes from its flipped data).
+
+    `rows` (G row indices): the honest uploads are honest[rows], read in place rather than
+    copied, since the server's stack is most of the driver's memory; the result is the same."""
+    h, rows = _honest(honest, rows)
+    g = len(h) if rows is None else len(rows)
     base = None if own is None else np.atleast_2d(np.asarray(own, dtype=np.float64))
     b = len(base) if base is not None else count
     if b is None or (count is not None and b != count):
@@ -213,7 +238,8 @@ def craft(
             raise ValueError(f"attack {name!r} uploads the Byzantines' own updates: give `own`")
         return base.copy()
     if name in ("sign_flip", "random_sign") and base is None:
-        base = h[rng.integers(len(h), size=b)]
+        picks = rng.integers(g, size=b)
+        base = h[picks if rows is None else rows[picks]]
     if name == "sign_flip":
         return sign_flip(base, cfg.scale)
     if name == "random_sign":
@@ -223,17 +249,22 @@ def craft(
     if name == "constant":
         return constant(b, h.shape[1], cfg.value)
     if name == "alie":
-        return alie(h, b, cfg.z)
+        return alie(h, b, cfg.z, rows=rows)
     if name == "ipm":
-        return ipm(h, b, cfg.epsilon)
+        return ipm(h, b, cfg.epsilon, rows=rows)
     raise ValueError(f"unknown attack {name!r}")
 
 
-def _honest(honest: ArrayLike) -> np.ndarray:
+def _honest(
+    honest: ArrayLike, rows: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The stack as float64 (no copy if it is already) and `rows` as indices, checked: the
+    honest vectors are h[rows], or all of h when rows is None."""
     h = np.asarray(honest, dtype=np.float64)
-    if h.ndim != 2 or len(h) == 0:
-        raise ValueError(f"need a non-empty [G, d] stack of honest vectors, got shape {h.shape}")
-    return h
+    shape = h.shape if rows is None else (len(rows), *h.shape[1:])
+    if h.ndim != 2 or shape[0] == 0:
+        raise ValueError(f"need a non-empty [G, d] stack of honest vectors, got shape {shape}")
+    return h, None if rows is None else np.asarray(rows, dtype=np.intp)
 
 
 def _integer(key: str, value: object) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 
 from rayfl.rng import numpy_rng
 from rayfl.robust.aggregators import RobustConfig
-from rayfl.robust.attacks import AttackConfig, choose_byzantine, craft
+from rayfl.robust.attacks import FROM_OWN, AttackConfig, choose_byzantine, craft
 
 
 class ByzantineServer:
@@ -31,11 +31,16 @@ class ByzantineServer:
     def vectors(self, results: list[Any], key: str, round: int, stream: str = "") -> np.ndarray:
         """The [n, d] stack the server receives, in client-id order: honest uploads as sent,
         Byzantine rows replaced by the attack's crafted vectors. `stream` names a second
-        upload of the same round (its own random stream)."""
+        upload of the same round (its own random stream).
+
+        The attack reads the honest rows in place (by index), and gets the Byzantines' own rows
+        only if it starts from them: the stack is the one [n, d] array the server holds."""
         stack = np.stack([np.asarray(r[key], dtype=np.float64) for r in results])
         bad = np.array([r.client in self.byzantine for r in results], dtype=bool)
         if bad.any() and self.attack.name not in ("none", "label_flip"):
-            honest = stack[~bad] if (~bad).any() else stack
+            # With no honest client left, the attackers see the whole stack (their own rows).
+            rows = np.flatnonzero(~bad) if (~bad).any() else None
+            own = stack[bad] if self.attack.name in FROM_OWN else None
             rng = numpy_rng(self.seed, "byzantine.attack" + stream, round)
-            stack[bad] = craft(self.attack, honest, rng, own=stack[bad])
+            stack[bad] = craft(self.attack, stack, rng, own=own, count=int(bad.sum()), rows=rows)
         return stack
