@@ -4,6 +4,8 @@
     python scripts/profile_step.py cifar-resnet --steps 20
     python scripts/profile_step.py shakespeare-lstm
     python scripts/profile_step.py shakespeare-lstm --pairs 5 --steps 200
+    python scripts/profile_step.py fedavg-mlp --clients 50 --steps 6
+    python scripts/profile_step.py fedavg-mlp --clients 50 --steps 6 --pairs 5
 
 Times the reference loop's step (`torch.optim.SGD` on the module's own NCHW parameters, what
 `rayfl bench` compares against) and rayfl's (`local_sgd` on a flat vector: deferred dense-layer
@@ -13,7 +15,13 @@ operators of each. docs/benchmarks.md ("Where the time goes") quotes it.
 
 `--pairs N` instead measures what two processes on two cores cost each other: the loop's step
 timed in one process alone, then in two at once, N times in turn; the work two do at once over
-one alone bounds what two hosts can reach against the one-thread loop."""
+one alone bounds what two hosts can reach against the one-thread loop.
+
+`--clients K` (rayfl's MLP and linear models) instead times what a host computes in a round:
+K clients of `--steps` minibatches each as one batch through the fused kernel
+(`local_sgd_batched`, FedAvg's deltas), and the rate of its useful arithmetic (the loop's
+forward and backward matmuls) against a large float32 matmul on the same core. With `--pairs`,
+that host round alone and in two processes at once."""
 
 from __future__ import annotations
 
@@ -27,10 +35,11 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import profile
 
-from rayfl.algorithms.local import LocalSchedule, local_sgd
+from rayfl.algorithms.local import BatchedMLPGrad, LocalSchedule, local_sgd, local_sgd_batched
 from rayfl.bench.workloads import workload_config
 from rayfl.data.lookalike import SHAPES
 from rayfl.engine.context import ClientContext
+from rayfl.engine.host import retain_freed_memory
 from rayfl.models import build_model
 from rayfl.models.channels_last import channels_last_rule
 from rayfl.models.params import get_flat
@@ -43,10 +52,16 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=12, help="operators printed per profile")
     parser.add_argument("--pairs", type=int, default=0,
                         help="time the loop's step alone and in two processes at once, this many times in turn")
+    parser.add_argument("--clients", type=int, default=0,
+                        help="time a host's round of this many clients as one batch (MLP / linear models)")
     parser.add_argument("--loop-only", action="store_true", help=argparse.SUPPRESS)  # one process of --pairs
     args = parser.parse_args()
     if args.pairs:
-        two_processes(args.workload, args.steps, args.pairs)
+        two_processes(args.workload, args.steps, args.pairs, args.clients)
+        return
+    if args.clients:
+        torch.set_num_threads(1)
+        host_round(args.workload, args.clients, args.steps, quiet=args.loop_only)
         return
     torch.set_num_threads(1)
     cfg = workload_config(args.workload, 3)
@@ -105,10 +120,61 @@ def main() -> None:
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
 
 
-def two_processes(workload: str, steps: int, pairs: int) -> None:
-    """The loop's seconds a step in one process alone and in two at once, `pairs` times in turn
-    (the machine's speed drifts: compare neighbours), and the work two do over one's."""
+def host_round(workload: str, clients: int, steps: int, quiet: bool = False) -> None:
+    """Seconds of one host's batched round of `clients` clients (median of 5, after one
+    warm-up), and the rate of its useful arithmetic against a 1024^3 float32 matmul's."""
+    cfg = workload_config(workload, 3)
+    features, classes, batch = cfg.data.features, cfg.data.classes, cfg.algorithm.batch_size
+    torch.manual_seed(0)
+    model = build_model(cfg.model, (features,), classes)
+    kernel = BatchedMLPGrad.of(model)
+    if kernel is None:
+        raise SystemExit(f"--clients times rayfl's fused MLP / linear kernel; {workload}'s model is not one")
+    g = torch.Generator().manual_seed(0)
+    cpu, n = torch.device("cpu"), batch * steps
+    ctxs = [ClientContext(id=c, round=0, seed=c, model=model, device=cpu, x=torch.randn((n, features), generator=g),
+                          y=torch.randint(0, classes, (n,), generator=g), test_x=None, test_y=None, state={})
+            for c in range(clients)]
+    starts = get_flat(model)[None].expand(clients, -1)
+    lrs, schedules = [cfg.algorithm.lr] * clients, [LocalSchedule(batch, 1, None)] * clients
+
+    def run() -> float:
+        t = time.perf_counter()
+        local_sgd_batched(ctxs, starts, lrs, schedules, minus_start=True)
+        return time.perf_counter() - t
+
+    retain_freed_memory()  # as a host does: no page faults on a round's fresh buffers
+    run()
+    seconds = statistics.median(run() for _ in range(5))
+    if quiet:
+        print(seconds)
+        return
+    # the loop's matmuls a sample: forward and weight gradient of every layer, input gradient above the first
+    products = sum(i * o for i, o, _ in kernel.shapes)
+    flops = 2 * clients * n * (3 * products - kernel.shapes[0][0] * kernel.shapes[0][1])
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    torch.mm(a, b)
+    t = time.perf_counter()
+    for _ in range(10):
+        torch.mm(a, b)
+    peak = 10 * 2 * 1024**3 / (time.perf_counter() - t)
+    with profile() as prof:
+        run()
+    ops = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
+    matmuls, total = sum(ops.get(k, 0) for k in ("aten::bmm", "aten::baddbmm_", "aten::mm")), sum(ops.values())
+    print(f"{workload}: one host's round of {clients} clients x {steps} steps of {batch}, one thread: "
+          f"{seconds * 1e3:.1f} ms ({seconds / clients * 1e3:.2f} ms a client); the loop's arithmetic for it "
+          f"{flops / 1e9:.2f} GFLOP, at {flops / seconds / 1e9:.0f} GFLOP/s (a 1024^3 float32 matmul: "
+          f"{peak / 1e9:.0f} GFLOP/s); under the profiler, batched matmuls {matmuls / 1e3:.1f} ms of {total / 1e3:.1f}")
+
+
+def two_processes(workload: str, steps: int, pairs: int, clients: int = 0) -> None:
+    """The loop's seconds a step (with `clients`, a host's batched round) in one process alone
+    and in two at once, `pairs` times in turn (the machine's speed drifts: compare neighbours),
+    and the work two do over one's."""
     command = [sys.executable, __file__, workload, "--steps", str(steps), "--loop-only"]
+    if clients:
+        command += ["--clients", str(clients)]
 
     def timed(count: int) -> list[float]:
         procs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(count)]
@@ -118,7 +184,8 @@ def two_processes(workload: str, steps: int, pairs: int) -> None:
     for i in range(pairs):
         (alone,), both = timed(1), timed(2)
         ratios.append(sum(alone / s for s in both))
-        print(f"{i}: alone {alone * 1e3:.1f} ms a step; two at once {both[0] * 1e3:.1f} and {both[1] * 1e3:.1f} ms: "
+        unit = "a host round" if clients else "a step"
+        print(f"{i}: alone {alone * 1e3:.1f} ms {unit}; two at once {both[0] * 1e3:.1f} and {both[1] * 1e3:.1f} ms: "
               f"{ratios[-1]:.2f}x the work of one")
     print(f"{workload}: two processes do {statistics.median(ratios):.2f}x the work of one "
           f"(median of {pairs}; range {min(ratios):.2f}-{max(ratios):.2f})")
