@@ -25,6 +25,7 @@ FEDBUFF = ["algorithm.name=fedbuff", "algorithm.concurrency=6", "algorithm.buffe
 FFGG_NET = ["model.name=mlp", "model.hidden=[16]", "algorithm.tau=2"]  # theta: the hidden layer (output is personal)
 PIPELINES = {
     "dp": ["privacy.mode=central", "privacy.noise_multiplier=1.2", "privacy.clip=0.5", "privacy.delta=1e-3"],
+    "dp-local": ["privacy.mode=local", "privacy.noise_multiplier=1.5", "privacy.clip=0.5", "privacy.delta=1e-3"],
     "dp-adaptive": ["privacy.mode=central", "privacy.noise_multiplier=1.2", "privacy.clip=0.5", "privacy.adaptive=true",
                     "privacy.clip_count_stddev=1.0", "privacy.sampling=fixed"],
     "topk-ef": ["compression.name=topk", "compression.ratio=0.05"],
@@ -62,7 +63,7 @@ def test_one_and_two_hosts_give_identical_tables(ray_local, results_dir, name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["dp-adaptive", "topk-ef", "median-signflip", "fedbuff-median-signflip", "br-ffgg-cc-alie"])
+@pytest.mark.parametrize("name", ["dp-adaptive", "dp-local", "topk-ef", "median-signflip", "fedbuff-median-signflip", "br-ffgg-cc-alie"])
 def test_sigterm_then_resume_equals_the_uninterrupted_run(ray_local, results_dir, name):
     extra = [*PIPELINES[name], "algorithm.name=scaffold"] if name == "topk-ef" else PIPELINES[name]
     whole = run(results_dir, f"{name}-whole", *extra)
@@ -85,6 +86,29 @@ def test_dp_rounds_record_epsilon_clip_and_noise(ray_local, results_dir):
     train = res.clients[(res.clients["phase"] == "train") & (res.clients["outcome"] == "ok")]
     assert train["update_norm"].notna().all() and set(train["clipped"]) <= {True, False}
     assert res.manifests["pipeline.planned_epsilon"].iloc[0] == pytest.approx(expected[-1], rel=1e-9)
+
+
+def test_local_dp_epsilon_follows_the_most_asked_client(ray_local, results_dir):
+    """Under local DP each round's epsilon is that of the client asked for the most uploads so
+    far (every train task the clients table logs, dropped or late included), counted here
+    from the table by hand; the planned epsilon assumes a client asked every round."""
+    cfg = job(results_dir, "dp-local", *PIPELINES["dp-local"], "system.dropout=0.2")
+    res = load(run_experiment(cfg).run_dir)
+    rounds = res.rounds.sort_values("round")
+    train = res.clients[res.clients["phase"] == "train"]
+    assert (train["outcome"] != "ok").any()  # a dropped client's round still counts
+    asked: dict[int, int] = {}
+    most = []
+    for r in rounds["round"]:
+        for c in set(train[train["round"] == r]["client"]):
+            asked[c] = asked.get(c, 0) + 1
+        most.append(max(asked.values()))
+    m = mechanism(cfg, 12, 1.5)
+    assert m.sampling == "local" and most[-1] < len(most)  # below the every-round count
+    assert rounds["dp_most_uploads"].tolist() == most
+    np.testing.assert_allclose(rounds["epsilon"], [epsilon(m, k, 1e-3, "rdp") for k in most], rtol=1e-12)
+    assert res.manifests["pipeline.planned_epsilon"].iloc[0] == pytest.approx(epsilon(m, len(most), 1e-3, "rdp"),
+                                                                              rel=1e-9)
 
 
 def test_compressed_uploads_are_charged_their_encoded_size(ray_local, results_dir):

@@ -147,6 +147,35 @@ def test_epsilon_column_is_the_accountants_answer_for_the_rounds_so_far():
     assert p.finish_round(6)["epsilon"] == pytest.approx(epsilon(m, 7, 1e-4, "rdp"), rel=1e-12)
 
 
+def test_local_dp_epsilon_is_the_most_asked_clients_own_composition():
+    """Rounds asking clients {0,1,2}, {2,3} twice (two upload calls: one round), {2}, then none:
+    client 2 has uploaded in 3 rounds, so epsilon is 3 local Gaussians' (z / 2 each), not 4
+    rounds' worth; a checkpoint carries the counts, not the round in progress."""
+    p = pipeline("privacy.mode=local", "privacy.noise_multiplier=2.0", "algorithm.clients_per_round=3",
+                 "privacy.delta=1e-4", "run.rounds=6", num_clients=20)
+    m = mechanism(p.cfg, 20, 2.0)
+    assert m.sampling == "local"
+    asked = [[[0, 1, 2]], [[2, 3], [3, 2]], [[2]], []]
+    most = []
+    for r, calls in enumerate(asked):
+        for ids in calls:
+            p.upload_spec(("delta",), ids)
+        row = p.finish_round(r)
+        most.append(row["dp_most_uploads"])
+        want = epsilon(m, most[-1], 1e-4, "rdp") if most[-1] else 0.0
+        assert row["epsilon"] == pytest.approx(want, rel=1e-12)
+    assert most == [1, 2, 3, 3]
+    assert p.state.uploads == {0: 1, 1: 1, 2: 3, 3: 1}
+    assert p.finish_round(4)["epsilon"] < epsilon(m, 5, 1e-4, "rdp")  # below the every-round bound
+    saved = p.state_dict()
+    p.upload_spec(("delta",), [0])
+    p.finish_round(5)
+    resumed = pipeline("privacy.mode=local", "privacy.noise_multiplier=2.0", "algorithm.clients_per_round=3",
+                       "privacy.delta=1e-4", "run.rounds=6", num_clients=20)
+    resumed.load_state_dict(saved)
+    assert resumed.state.uploads == {0: 1, 1: 1, 2: 3, 3: 1} and p.state.uploads[0] == 2  # the checkpoint's a copy
+
+
 def test_target_epsilon_calibrates_the_noise_and_max_epsilon_refuses_to_start():
     p = pipeline("privacy.mode=central", "privacy.target_epsilon=3.0", "algorithm.clients_per_round=5", "run.rounds=20",
                  num_clients=100)

@@ -17,7 +17,10 @@ Neighbouring relations and the factor 2:
 * ``local``: each client noises its own upload and the server sees every upload and who sent it,
   so there is no amplification, and hiding a client's data means hiding a replacement of its
   clipped update (removal is visible): sensitivity 2C, std z * C, i.e. a Gaussian with noise
-  multiplier z / 2 per upload, counted every round (worst case: the client always takes part).
+  multiplier z / 2 per upload. A client's guarantee composes its own uploads only: a run's
+  epsilon after some rounds is that of the client asked for the most uploads so far
+  (rayfl.pipeline.server), and the planned epsilon (`max_epsilon`, `target_epsilon`) counts every
+  round, the bound for a client that takes part in all of them.
 """
 
 from __future__ import annotations

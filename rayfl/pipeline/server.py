@@ -40,6 +40,7 @@ class PipelineState:
 
     clip: float | None = None  # this round's clip bound (adaptive clipping moves it)
     references: dict[str, np.ndarray] = field(default_factory=dict)  # centered clipping's, per key
+    uploads: dict[int, int] = field(default_factory=dict)  # local DP: rounds each client was asked to upload in
 
 
 @dataclass
@@ -118,6 +119,7 @@ class RoundPipeline:
         self.cohort = cohort_size(cfg, self.num_clients)
         self.z = self.delta = self.planned_epsilon = 0.0
         self._epsilons: dict[int, float] = {}
+        self._asked: set[int] = set()  # local DP: the clients asked for an upload this round
         if self.privacy is not None:
             self.z, self.delta, self.planned_epsilon = resolve_noise(cfg, self.num_clients)
             self.state.clip = float(self.privacy.clip)
@@ -159,6 +161,11 @@ class RoundPipeline:
     # ---------------------------------------------------------------- client side
 
     @property
+    def local(self) -> bool:
+        """Local DP: each client noises its own upload."""
+        return self.privacy is not None and self.privacy.mode == "local"
+
+    @property
     def keeps_client_state(self) -> bool:
         """Error feedback makes every upload call change its clients' state."""
         return self.compression is not None and self.compression.error_feedback
@@ -174,7 +181,9 @@ class RoundPipeline:
         flip: frozenset[int] = frozenset()
         if self.byzantine is not None and self.cfg.robust.attack.data_attack:
             flip = frozenset(c for c in ids if c in self.byzantine.byzantine)
-        local = self.z * self.state.clip if self.privacy is not None and self.privacy.mode == "local" else 0.0
+        local = self.z * self.state.clip if self.local else 0.0
+        if self.local:
+            self._asked.update(int(c) for c in ids)
         return UploadSpec(keys=keys, compression=self.compression, clip=self.state.clip, local_noise_std=local,
                           flip_labels=flip, num_classes=self.num_classes)
 
@@ -252,13 +261,30 @@ class RoundPipeline:
             "dp_clipped_fraction": float(np.mean(norms > clip)) if len(norms) else float("nan"),
             "dp_noise_std": self.noise_std if self.privacy.mode == "central" else self.z * clip,
         }
+        if self.local:
+            row["dp_most_uploads"] = most = self.count_uploads()
+            row["epsilon"] = self.epsilon_after(most)
         if self.privacy.adaptive:
             self.state.clip = adaptive_clip(clip, norms, self.privacy.target_quantile, self.privacy.clip_lr,
                                             self.cohort, self.clip_count_stddev, numpy_rng(self.seed, "privacy.clip_count", round))
         return row
 
+    def count_uploads(self) -> int:
+        """Local DP: count this round for every client asked to upload in it (once, however many
+        upload calls the round made; whether or not its upload arrived, since it may have been
+        seen) and return the most rounds any client has uploaded in. Each upload is that
+        client's own Gaussian mechanism and the server knows who sent it, so the worst-off
+        client's guarantee is the composition of its own uploads: epsilon after that many."""
+        for c in self._asked:
+            self.state.uploads[c] = self.state.uploads.get(c, 0) + 1
+        self._asked = set()
+        return max(self.state.uploads.values(), default=0)
+
     def epsilon_after(self, rounds: int) -> float:
-        """Epsilon at delta after `rounds` rounds (each round counted, aggregated or not)."""
+        """Epsilon at delta after `rounds` rounds (each round counted, aggregated or not; under
+        local DP, `rounds` of one client's uploads)."""
+        if rounds == 0:
+            return 0.0
         if rounds not in self._epsilons:
             self._epsilons[rounds] = epsilon(self.mechanism, rounds, self.delta, self.privacy.accountant)
         return self._epsilons[rounds]
@@ -266,7 +292,7 @@ class RoundPipeline:
     # ---------------------------------------------------------------- checkpoints
 
     def state_dict(self) -> dict[str, Any]:
-        return {"state": replace(self.state, references=dict(self.state.references))}
+        return {"state": replace(self.state, references=dict(self.state.references), uploads=dict(self.state.uploads))}
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         self.state = saved["state"]
