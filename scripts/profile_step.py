@@ -20,8 +20,9 @@ one alone bounds what two hosts can reach against the one-thread loop.
 `--clients K` (rayfl's MLP and linear models) instead times what a host computes in a round:
 K clients of `--steps` minibatches each as one batch through the fused kernel
 (`local_sgd_batched`, FedAvg's deltas), and the rate of its useful arithmetic (the loop's
-forward and backward matmuls) against a large float32 matmul on the same core. With `--pairs`,
-that host round alone and in two processes at once."""
+forward and backward matmuls) against a large float32 matmul on the same core, then the host's
+whole call (`ClientHostImpl.run` with FedAvg's deltas kept and summed, as a 2-host round asks).
+With `--pairs`, the batched round alone and in two processes at once."""
 
 from __future__ import annotations
 
@@ -30,16 +31,19 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.profiler import profile
 
+from rayfl.algorithms.fedavg import fedavg_client
 from rayfl.algorithms.local import BatchedMLPGrad, LocalSchedule, local_sgd, local_sgd_batched
 from rayfl.bench.workloads import workload_config
 from rayfl.data.lookalike import SHAPES
 from rayfl.engine.context import ClientContext
-from rayfl.engine.host import retain_freed_memory
+from rayfl.engine.host import ClientHostImpl, retain_freed_memory
 from rayfl.models import build_model
 from rayfl.models.channels_last import channels_last_rule
 from rayfl.models.params import get_flat
@@ -166,6 +170,34 @@ def host_round(workload: str, clients: int, steps: int, quiet: bool = False) -> 
           f"{seconds * 1e3:.1f} ms ({seconds / clients * 1e3:.2f} ms a client); the loop's arithmetic for it "
           f"{flops / 1e9:.2f} GFLOP, at {flops / seconds / 1e9:.0f} GFLOP/s (a 1024^3 float32 matmul: "
           f"{peak / 1e9:.0f} GFLOP/s); under the profiler, batched matmuls {matmuls / 1e3:.1f} ms of {total / 1e3:.1f}")
+    print(f"the host's whole call (ClientHostImpl.run: the same clients drawn from 1,000, FedAvg's deltas kept "
+          f"and added to the partial sum): {whole_call(cfg, clients, n) * 1e3:.1f} ms a round")
+
+
+def whole_call(cfg: Any, clients: int, rows: int, pool: int = 1000, rounds: int = 10) -> float:
+    """Median seconds of `ClientHostImpl.run` in this process, as a 2-host round calls it: FedAvg
+    on `clients` clients drawn afresh each round from `pool` of `rows` rows, the deltas kept and
+    summed on the host (`engine.preaggregate: on`)."""
+    g = np.random.default_rng(0)
+    features, classes = cfg.data.features, cfg.data.classes
+    arrays = {"train_x": g.normal(size=(pool * rows, features)).astype(np.float32),
+              "train_y": g.integers(0, classes, size=pool * rows)}
+    owned = {c: np.arange(c * rows, (c + 1) * rows) for c in range(pool)}
+    host = ClientHostImpl(0, arrays, owned, None, cfg.model, (features,), classes, 0, flops_per_sample=1e5,
+                          vectorize="on")
+    broadcast = {"params": get_flat(host.model).numpy(), "lr": cfg.algorithm.lr,
+                 "schedule": LocalSchedule(cfg.algorithm.batch_size, 1, None)}
+    seconds, task = [], 0
+    for r in range(rounds + 3):
+        ids = sorted(int(c) for c in g.choice(pool, clients, replace=False))
+        tasks = {c: task + i for i, c in enumerate(ids)}
+        task += clients
+        t = time.perf_counter()
+        host.run(fedavg_client, ids, r, broadcast, task_ids=tasks, keep=("delta",),
+                 presum={"delta": (-20, {tasks[c]: 1.0 for c in ids})})
+        seconds.append(time.perf_counter() - t)
+        host.settle(dict.fromkeys(tasks.values(), True))
+    return statistics.median(seconds[3:])
 
 
 def two_processes(workload: str, steps: int, pairs: int, clients: int = 0) -> None:
