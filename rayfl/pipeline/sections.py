@@ -25,7 +25,8 @@ class PrivacyConfig:
     the sum of the round's clipped updates, and divides by the expected cohort size (every
     client counts equally: the sensitivity bound needs it). `local`: each client adds that
     noise to its own clipped update before sending it. Epsilon at `delta` after each round is
-    in the `rounds` table (column `epsilon`), computed by Google's dp-accounting."""
+    in the `rounds` table (column `epsilon`), computed by Google's dp-accounting; under `local`,
+    that of the client asked for the most uploads so far (`dp_most_uploads`)."""
 
     # Differential privacy: off; central (clip each update, the server adds Gaussian noise to the
     # sum); local (each client noises its own clipped upload).
