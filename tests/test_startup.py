@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import random
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -255,3 +257,23 @@ def test_a_local_ray_that_does_not_start_is_one_line_and_status_1(tmp_path):
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("rayfl: error:")]
     assert len(errors) == 1 and "did not start" in errors[0] and "/proc/no-such-dir" in errors[0], proc.stderr
+
+
+def test_the_heads_agent_ports_are_free_and_below_the_ephemeral_range(monkeypatch):
+    """The agents' ports are picked before the agents bind them: from below the range every
+    outgoing connection's source port comes from, never one held now, never twice; where that
+    gap is too narrow, the kernel picks them."""
+    from rayfl.engine import head_process
+
+    ports = head_process.free_ports(4)
+    assert len(set(ports)) == 4
+    assert all(head_process.PICK_FROM <= p < head_process.ephemeral_start() for p in ports)
+    with socket.socket() as held:
+        held.bind(("", ports[0]))
+        taken = held.getsockname()[1]
+        draws = iter([taken, taken + 1, taken + 1, taken + 2])
+        monkeypatch.setattr(random.SystemRandom, "randint", lambda self, a, b: next(draws))
+        assert head_process.free_ports(2) == [taken + 1, taken + 2]  # held ports skipped: elsewhere, and its own
+    monkeypatch.setattr(head_process, "ephemeral_start", lambda: head_process.PICK_FROM + 10)
+    wide = head_process.free_ports(3)
+    assert len(set(wide)) == 3 and all(p > 0 for p in wide)  # the kernel's choice: anywhere free

@@ -19,9 +19,12 @@ Ray uses neither, and they took ~1.8 s of CPU.
 Three more things keep Ray's own start off the run's critical path on a small machine:
 - **The agents' ports are chosen here.** The raylet registers, and starts its workers, only once
   its agents have written the ports they bound, ~1.7 s of importing later; told the ports up
-  front it does not wait. Free ports are picked by binding them and letting go; should another
-  process take one in between, that agent fails to start and the run goes on without it (tried:
-  the raylet and its workers carried on).
+  front it does not wait. Free ports are picked by binding them and letting go, from below the
+  kernel's ephemeral range: should another process take one in between, the agent fails to
+  bind it, and the raylet, which shares its fate with the dashboard agent, dies with the run.
+  Every outgoing connection's source port, and every port a process binds as "any", comes from
+  the ephemeral range, so a port picked there can be taken in that window (one was, in a test
+  suite starting many heads at once); below it, only a process binding that very port could.
 - **The agents yield** (nice 19) to this process, the GCS and the raylet, which share their
   session (Linux groups a session's processes for CPU: nice ranks them within it).
 - **Workers are forked warm** (rayfl.engine.worker_fork, through rayfl.engine.worker_launch):
@@ -36,6 +39,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -61,17 +65,42 @@ SERIALIZATION_MODULES = ("ray._common.pydantic_compat", "starlette.datastructure
 AGENT_NICENESS = 19  # the raylet's agents: after the head's own processes
 
 
-def free_ports(count: int) -> list[int]:
-    """`count` distinct TCP ports free right now (bound, noted, released)."""
-    sockets = []
+# The lowest port the head picks for its agents: above Ray's worker ports (10002-19999 unless
+# set otherwise), below the kernel's ephemeral range (see the module docstring).
+PICK_FROM = 20000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ephemeral_start() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default where it cannot be read)."""
     try:
-        for _ in range(count):
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct TCP ports free right now (bound, noted, released), drawn at random from
+    [PICK_FROM, the ephemeral range), or chosen by the kernel where that gap is too narrow."""
+    high = ephemeral_start() - 1
+    draw = random.SystemRandom()
+    held: dict[int, socket.socket] = {}
+    try:
+        for _ in range(50 * count):
+            if len(held) == count:
+                return list(held)
             s = socket.socket()
-            s.bind(("", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
+            try:  # a port held already, here or elsewhere, fails to bind: draw another
+                s.bind(("", draw.randint(PICK_FROM, high) if high - PICK_FROM >= 1000 else 0))
+            except OSError:
+                s.close()
+                continue
+            held[s.getsockname()[1]] = s
+        if len(held) == count:
+            return list(held)
+        raise OSError(f"found {len(held)} of {count} free ports in [{PICK_FROM}, {high}]")
     finally:
-        for s in sockets:
+        for s in held.values():
             s.close()
 
 
