@@ -8,11 +8,10 @@ from __future__ import annotations
 import math
 import tracemalloc
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pytest
+from test_br_ffgg import FakeFed, Upload
 
 import rayfl.robust.aggregators as agg
 from rayfl.rng import numpy_rng
@@ -198,22 +197,6 @@ def test_as_stack_checks_every_block_and_never_copies_a_float64_stack(monkeypatc
 
 
 # ---------------------------------------------------------------- attacks and the server's stack
-
-
-@dataclass
-class FakeFed:
-    num_clients: int
-    seed: int
-    client_tags: dict = field(default_factory=dict)
-
-
-@dataclass
-class Upload:
-    client: int
-    values: dict
-
-    def __getitem__(self, key: str) -> Any:
-        return self.values[key]
 
 
 def direct_craft(cfg: AttackConfig, h: np.ndarray, rng: np.random.Generator, own: np.ndarray) -> np.ndarray:
