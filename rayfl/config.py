@@ -661,7 +661,10 @@ class OutputConfig:
         return {"flush_rows": self.flush_rows, "flush_seconds": self.flush_seconds, "compact": self.compact}
 
 
-# The round pipeline's sections (privacy, compression, robust) are defined with it.
+# The sections of the round pipeline (privacy, compression, robust) and of the asynchronous
+# driver are defined with them.
+from rayfl.driver.checks import check_driver  # noqa: E402
+from rayfl.driver.settings import AsynchronyConfig  # noqa: E402
 from rayfl.pipeline.sections import (  # noqa: E402
     CompressionConfig,
     PrivacyConfig,
@@ -683,6 +686,7 @@ class Config:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     robust: RobustSection = field(default_factory=RobustSection)
+    asynchrony: AsynchronyConfig = field(default_factory=AsynchronyConfig)
     callbacks: list[CallbackConfig] = field(default_factory=list)
 
     def validate(self) -> None:
@@ -697,7 +701,11 @@ class Config:
                 self.compression.validate_as("compression")
             else:
                 getattr(self, f.name).validate()
-        check_pipeline(self)
+        from rayfl.registry import algorithm_class
+
+        algorithm = algorithm_class(self)
+        check_pipeline(self, algorithm)
+        check_driver(self, algorithm)
         data, partition = self.data, self.partition
         data.check_partition(partition)
         alg = self.algorithm

@@ -95,6 +95,8 @@ class Registry:
             raise ValueError(f"a {self.kind} name must be a non-empty string without ':', got {name!r}")
         if origin != "built-in":
             self._load_builtins()
+        if config is None and not isinstance(target, str):
+            config = getattr(target, "config", None) if _is_algorithm_class(target) else None
         entry = Entry(self.kind, name, target, config, summary, origin)
         why = self.check(entry, target) if self.check is not None and not isinstance(target, str) else None
         if why is not None:
@@ -183,7 +185,8 @@ class Registry:
         elif isinstance(marked, Entry):
             raise ConfigError(self.key, f"{path!r} is registered as a {marked.kind}, not a {self.kind}")
         else:
-            entry = Entry(self.kind, name, obj, None, "", origin)
+            config = getattr(obj, "config", None) if _is_algorithm_class(obj) else None
+            entry = Entry(self.kind, name, obj, config, "", origin)
         why = self.check(entry, entry.load()) if self.check is not None else None
         if why is not None:
             raise ConfigError(self.key, f"{path!r} is not a {self.kind}: {why}")
@@ -400,6 +403,24 @@ def check_kwargs(key: str, fn: Any, positional: int, kwargs: dict[str, Any]) -> 
 # --------------------------------------------------------------------------- kinds
 
 
+def _is_algorithm_class(target: Any) -> bool:
+    """A class built from parts (rayfl.Algorithm), known by its marker: no import of the drivers."""
+    return isinstance(target, type) and bool(getattr(target, "__rayfl_algorithm__", False))
+
+
+def algorithm_class(cfg: Any) -> type | None:
+    """The parts-built algorithm class a config names, or None for a hand-written server loop."""
+    target = ALGORITHMS.get(cfg.algorithm.name).load()
+    return target if _is_algorithm_class(target) else None
+
+
+def _check_algorithm(entry: Entry, target: Any) -> str | None:
+    """An algorithm is a class built from parts (rayfl.Algorithm) or a server loop function."""
+    if _is_algorithm_class(target):
+        return None
+    return _check_callable("fed", "cfg", "run")(entry, target)
+
+
 def _check_callable(*positional: str, classes: bool = False) -> Callable[[Entry, Any], str | None]:
     """A check that the target is callable with these leading positional parameters (a class
     only where `classes`: a model may be an nn.Module subclass, a server loop is a function)."""
@@ -408,7 +429,8 @@ def _check_callable(*positional: str, classes: bool = False) -> Callable[[Entry,
         if not callable(target):
             return f"{type(target).__name__} is not callable"
         if isinstance(target, type) and not classes:
-            return f"it is a class ({target.__name__}); a {entry.kind} is a function"
+            what = "a subclass of rayfl.Algorithm or a server-loop function" if entry.kind == "algorithm" else "a function"
+            return f"it is a class ({target.__name__}); a {entry.kind} is {what}"
         try:
             sig = inspect.signature(target)
         except (TypeError, ValueError):
@@ -424,7 +446,7 @@ def _check_callable(*positional: str, classes: bool = False) -> Callable[[Entry,
 
 ALGORITHMS = Registry(
     "algorithm", "algorithm.name", "rayfl.algorithms", "rayfl.algorithms.catalog",
-    "rayfl.config:AlgorithmConfig", "rayfl.config:GenericAlgorithmConfig", _check_callable("fed", "cfg", "run"),
+    "rayfl.config:AlgorithmConfig", "rayfl.config:GenericAlgorithmConfig", _check_algorithm,
 )
 MODELS = Registry(
     "model", "model.name", "rayfl.models", "rayfl.models.catalog",

@@ -25,6 +25,7 @@ from rayfl.callbacks.base import Callback
 from rayfl.config import Config, ConfigError, absolute_local_paths, config_from_manifest
 from rayfl.data import FederatedDataset, build_federated_dataset
 from rayfl.data.stored import STORED_FILE, dataset_bytes, dataset_from_bytes
+from rayfl.driver import drive
 from rayfl.engine import Federation
 from rayfl.engine.checkpoint import Checkpoint, load_checkpoint
 from rayfl.engine.local_ray import discard_head, start_local_ray, stop_ray, unreachable
@@ -319,7 +320,7 @@ def _execute(
             )
             if on_start is not None:
                 on_start(writer.run_dir, fed)
-            summary = run_algorithm(fed, cfg.algorithm, cfg.run)
+            summary = drive(fed, run_algorithm, cfg.algorithm, cfg.run)
             if not isinstance(summary, dict):
                 raise TypeError(f"the server loop of {cfg.algorithm.name!r} returned a {type(summary).__name__}, not a dict")
             final_params = summary.get("final_params")

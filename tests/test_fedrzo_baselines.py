@@ -83,7 +83,7 @@ def test_fedmspp_inner_steps_on_one_minibatch_with_the_prox_pull():
         return x
 
     good = hand()
-    np.testing.assert_allclose(out["x"], good, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x0 + out["delta"], good, rtol=1e-5, atol=1e-6)
     assert out["loss"] == pytest.approx(softplus_net(anchor, data_x[idx], data_y[idx], lam)[0], rel=1e-5)
     for bad in (hand(sign=-1.0), hand(prox=False), hand(fixed=False)):
         assert np.abs(bad - good).max() > 1e-3
@@ -92,7 +92,7 @@ def test_fedmspp_inner_steps_on_one_minibatch_with_the_prox_pull():
 def test_scaffnew_two_rounds_with_the_control_variate():
     """Round 0: h = 0, H_0 steps x <- x - lr grad f(x), w = x^. Round 1 (broadcast xbar): the
     client first sets h = (p / lr)(xbar - x^_0), then steps x <- x - lr (grad f(x) - h) and
-    sends w = x^_1 - (lr / p) h (full batch, so the hand computation is exact). Flipping the
+    sends w - xbar, w = x^_1 - (lr / p) h (full batch, so the hand computation is exact). Flipping the
     sign of h in the step, dropping the (lr / p) h in the upload or the h update all fail."""
     data_x, data_y, x0 = tiny()
     lr, p, lam = 0.2, 0.25, 0.01
@@ -101,7 +101,7 @@ def test_scaffnew_two_rounds_with_the_control_variate():
     x = x0.astype(np.float64)
     for _ in range(2):
         x = x - lr * softplus_net(x, data_x, data_y, lam)[1]
-    np.testing.assert_allclose(out0["w"], x, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x0 + out0["delta"], x, rtol=1e-5, atol=1e-6)
     xhat0 = x
     xbar = (x0 + 0.3).astype(np.float32)  # what the server averaged
     out1 = scaffnew_client(context(0, data_x, data_y, state, round=1), xbar, 3, lr, p, 64, lam)
@@ -114,7 +114,7 @@ def test_scaffnew_two_rounds_with_the_control_variate():
         return z - (lr / p) * h if upload else z
 
     good = hand()
-    np.testing.assert_allclose(out1["w"], good, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(xbar + out1["delta"], good, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(state["h"].numpy(), (p / lr) * (xbar - xhat0), rtol=1e-5, atol=1e-5)
     for bad in (hand(step_sign=-1.0), hand(upload=False), hand(update=False)):
         assert np.abs(bad - good).max() > 1e-2

@@ -100,13 +100,13 @@ def test_local_steps_match_the_hand_computation_and_directions_are_per_client_an
     for client in (0, 1):
         out, ctx = run_client(client, 2, x0, data_x, data_y, eta, lr, lam, radius)
         hand = hand_steps(x0, data_x, data_y, client, 2, eta, lr, lam, radius)
-        np.testing.assert_allclose(out["x"], hand, rtol=1e-5, atol=1e-6)
-        assert out["x"].dtype == np.float32
+        np.testing.assert_allclose(x0 + out["delta"], hand, rtol=1e-5, atol=1e-6)
+        assert out["delta"].dtype == np.float32
         assert ctx.work.forward_samples == 2 * 2 * 5 and ctx.work.steps == 2
         assert out["loss"] == pytest.approx(np.mean([relu_net_loss(x0, data_x, data_y, lam),
                                                      relu_net_loss(hand_steps(x0, data_x, data_y, client, 1, eta, lr, lam, radius),
                                                                    data_x, data_y, lam)]), rel=1e-6)
-        outs[client] = out["x"]
+        outs[client] = x0 + out["delta"]
     # the two clients saw the same data and x_r: only their directions differ
     assert np.abs(outs[0] - outs[1]).max() > 1e-2
     # the hand variants a planted bug would produce are all far from the right answer
@@ -115,11 +115,11 @@ def test_local_steps_match_the_hand_computation_and_directions_are_per_client_an
     diff = relu_net_loss(x + v, data_x, data_y, lam) - relu_net_loss(x, data_x, data_y, lam)
     good = x - lr * ((N / eta**2) * diff * v + (x - ball(x, radius)) / eta)
     one, _ = run_client(0, 1, x0, data_x, data_y, eta, lr, lam, radius)
-    np.testing.assert_allclose(one["x"], good, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x0 + one["delta"], good, rtol=1e-5, atol=1e-6)
     for bad in (x - lr * (-(N / eta**2) * diff * v + (x - ball(x, radius)) / eta),  # flipped sign
                 x - lr * (diff * v + (x - ball(x, radius)) / eta),                    # no n / eta^2
                 x - lr * (N / eta**2) * diff * v):                                    # no Moreau term
-        assert np.abs(one["x"] - bad).max() > 100 * 1e-5 * np.abs(good).max()
+        assert np.abs(x0 + one["delta"] - bad).max() > 100 * 1e-5 * np.abs(good).max()
 
 
 def test_without_a_set_there_is_no_moreau_pull_and_central_form_is_the_zo_hfl_one():
@@ -132,7 +132,7 @@ def test_without_a_set_there_is_no_moreau_pull_and_central_form_is_the_zo_hfl_on
     u = sphere_from_seed(step_direction_seed(SEED, ROUND, 2, 0, DIRECTION_PURPOSE), N)
     x = x0.astype(np.float64)
     g = (N / (2 * eta)) * (relu_net_loss(x + eta * u, data_x, data_y, 0) - relu_net_loss(x - eta * u, data_x, data_y, 0)) * u
-    np.testing.assert_allclose(out["x"], x - lr * g, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x0 + out["delta"], x - lr * g, rtol=1e-5, atol=1e-6)
     assert ctx.work.forward_samples == 3 * 5
 
 

@@ -43,7 +43,9 @@ def job(results_dir: Path, run_id: str, *extra: str):
 def run_keeping_state(cfg) -> tuple[Any, np.ndarray]:
     seen: dict[str, Any] = {}
     out = run_experiment(cfg, on_start=lambda run_dir, fed: seen.setdefault("fed", fed))
-    return load(out.run_dir), np.asarray(seen["fed"].server_state.x)
+    state = seen["fed"].server_state
+    state = getattr(state, "state", state)  # the asynchronous driver's wrapper holds the algorithm's state
+    return load(out.run_dir), np.asarray(state.x)
 
 
 CASES = {

@@ -4,7 +4,7 @@ mean, projected ascent on p) and Ditto (global FedAvg + persistent lam-proximal 
 models), and FedAvg with the one-step adaptation at evaluation.
 
 The model is the bias-free linear softmax regression on 3 features x 3 classes (d = 9), whose
-CE gradient and Hessian have closed forms. The server loops run unchanged on `InProcessFed`,
+CE gradient and Hessian have closed forms. The algorithms run under the synchronous driver on `InProcessFed`,
 a Federation stand-in that runs client functions on one in-process `ClientHostImpl` (no Ray);
 the real Ray engine runs Ditto on 1 and 2 hosts (determinism; the jobs in jobs/comfedl/ run the
 others on Ray)."""
@@ -17,13 +17,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rayfl.algorithms.ditto import DittoConfig, ditto_client, run_ditto
-from rayfl.algorithms.fedavg_adapt import FedAvgAdaptConfig, run_fedavg_adapt
+from rayfl.algorithms.ditto import Ditto, DittoConfig, ditto_client
+from rayfl.algorithms.fedavg_adapt import FedAvgAdapt, FedAvgAdaptConfig
 from rayfl.algorithms.local import LocalSchedule
-from rayfl.algorithms.per_fedavg import PerFedAvgConfig, run_per_fedavg
-from rayfl.algorithms.tr_maml import TRMAMLConfig, project_simplex, run_tr_maml
+from rayfl.algorithms.per_fedavg import PerFedAvg, PerFedAvgConfig
+from rayfl.algorithms.tr_maml import TRMAML, TRMAMLConfig, project_simplex
 from rayfl.config import ConfigError, RunConfig, load_config, section_config
 from rayfl.data import FederatedDataset
+from rayfl.driver import drive
 from rayfl.engine import ClientResult
 from rayfl.engine.federation import evaluate_arrays
 from rayfl.engine.host import ClientHostImpl
@@ -108,9 +109,15 @@ class InProcessFed:
         self.logged: list[dict[str, Any]] = []
         self.server_state: Any = None
 
+    pipeline = None
+
     @property
     def num_clients(self) -> int:
         return self.dataset.num_clients
+
+    @property
+    def client_sizes(self) -> np.ndarray:
+        return self.dataset.client_sizes()
 
     def initial_params(self) -> np.ndarray:
         return self.x0.copy()
@@ -175,7 +182,7 @@ def test_per_fedavg_round_is_the_uniform_mean_of_second_order_maml_steps():
     ds, start = tiny_dataset(), x0()
     cfg = PerFedAvgConfig(lr=0.3, inner_lr=0.4, local_steps=2, batch_size=4, outer_batch_size=3, clients_per_round=2)
     fed = InProcessFed(ds, start)
-    run_per_fedavg(fed, cfg, RunConfig(rounds=1, eval_every=1))
+    drive(fed, PerFedAvg, cfg, RunConfig(rounds=1, eval_every=1))
     deltas = [hand_maml_client(start, *client_data(ds, c)[:2], 0, c, cfg)[0] for c in (0, 1)]
     hand = start + 0.5 * (deltas[0] + deltas[1])
     np.testing.assert_allclose(fed.server_state.x, hand, rtol=1e-5, atol=2e-6)
@@ -210,7 +217,7 @@ def test_tr_maml_two_rounds_weight_clients_by_p_and_raise_p_of_the_worse_client(
     cfg = TRMAMLConfig(lr=0.3, inner_lr=0.4, weight_lr=0.5, local_steps=2, batch_size=4, outer_batch_size=3,
                        clients_per_round=2)
     fed = InProcessFed(ds, start)
-    run_tr_maml(fed, cfg, RunConfig(rounds=2, eval_every=2))
+    drive(fed, TRMAML, cfg, RunConfig(rounds=2, eval_every=2))
     x, p = start.astype(np.float64), np.full(2, 0.5)
     for r in range(2):
         outs = [hand_maml_client(x, *client_data(ds, c)[:2], r, c, cfg) for c in (0, 1)]
@@ -244,7 +251,7 @@ def test_ditto_two_rounds_keep_personal_models_in_state_and_evaluate_them():
     ds, start = tiny_dataset(), x0()
     cfg = DittoConfig(lr=0.3, personal_lr=0.2, lam=0.5, local_steps=2, batch_size=16, clients_per_round=2)
     fed = InProcessFed(ds, start)
-    run_ditto(fed, cfg, RunConfig(rounds=2, eval_every=2))
+    drive(fed, Ditto, cfg, RunConfig(rounds=2, eval_every=2))
     x, v = start.astype(np.float64), {0: start.astype(np.float64), 1: start.astype(np.float64)}
     for _ in range(2):
         outs = {c: hand_ditto(x, v[c], *client_data(ds, c)[:2], cfg) for c in (0, 1)}
@@ -284,7 +291,7 @@ def test_fedavg_adapt_trains_like_fedavg_and_adapts_at_its_lr():
     ds, start = tiny_dataset(), x0()
     cfg = FedAvgAdaptConfig(lr=0.3, local_steps=2, batch_size=16, clients_per_round=2)
     fed = InProcessFed(ds, start)
-    run_fedavg_adapt(fed, cfg, RunConfig(rounds=1, eval_every=1))
+    drive(fed, FedAvgAdapt, cfg, RunConfig(rounds=1, eval_every=1))
     deltas = []
     for c in (0, 1):
         xtr, ytr, _, _ = client_data(ds, c)
@@ -328,7 +335,7 @@ def test_personalized_methods_need_client_validation_sets():
     fed = InProcessFed(tiny_dataset(), x0())
     fed.dataset = ds
     with pytest.raises(ConfigError) as err:
-        run_per_fedavg(fed, PerFedAvgConfig(), RunConfig(rounds=1))
+        drive(fed, PerFedAvg, PerFedAvgConfig(), RunConfig(rounds=1))
     assert err.value.key == "partition.client_test"
 
 

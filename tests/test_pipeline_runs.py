@@ -150,13 +150,14 @@ def test_every_algorithm_declaring_uploads_sends_them_through_the_pipeline(ray_l
     assert len(train) and (train["bytes_up"] < 4 * d).all()
 
 
-def test_algorithms_without_uploads_refuse_the_pipeline():
+def test_algorithms_without_a_sum_to_transform_refuse_the_pipeline():
     from rayfl.config import load_config
 
-    with pytest.raises(ConfigError, match="declares no model-shaped upload"):
+    with pytest.raises(ConfigError, match="no sum for central noise or a robust rule"):
         load_config(None, ["algorithm.name=fedasync", "robust.aggregator.name=median"])
-    with pytest.raises(ConfigError, match="no sampled cohort"):
-        load_config(None, ["algorithm.name=fedbuff", "privacy.mode=central", "privacy.noise_multiplier=1"])
+    with pytest.raises(ConfigError, match="declares no model-shaped upload"):
+        load_config(None, ["algorithm.name=local_finetune", "compression.name=topk", "compression.ratio=0.1"])
+    load_config(None, ["algorithm.name=fedbuff", "privacy.mode=central", "privacy.noise_multiplier=1"])
 
 
 def test_a_deadline_budgets_compressed_uploads_by_their_encoded_size(ray_local, results_dir):

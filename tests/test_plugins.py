@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -72,14 +73,14 @@ def test_validate_shows_the_user_entries_keys(package: Path) -> None:
     import yaml
 
     cfg = yaml.safe_load(out)
-    assert cfg["algorithm"]["name"] == "myfl.fednova:fednova" and cfg["algorithm"]["server_lr"] == 1.0
+    assert cfg["algorithm"]["name"] == "myfl.fednova:FedNova" and cfg["algorithm"]["server_lr"] == 1.0
     assert {"conv1": 4, "conv2": 8, "hidden": 32}.items() <= cfg["model"].items()
     assert cfg["data"]["path"] == "femnist.parquet" and "alpha" not in cfg["data"]
 
 
 @pytest.mark.parametrize(("override", "names"), [
     ("algorithm.server_lr=-1", ("algorithm.server_lr", "must be > 0")),
-    ("algorithm.server_lrr=1", ("algorithm.server_lrr", "myfl.fednova:fednova", "server_lr")),
+    ("algorithm.server_lrr=1", ("algorithm.server_lrr", "myfl.fednova:FedNova", "server_lr")),
     ("model.conv3=8", ("model.conv3", "conv1")),
 ])
 def test_a_bad_user_key_exits_2_in_one_line(package: Path, override: str, names: tuple[str, ...]) -> None:
@@ -92,71 +93,67 @@ def test_a_bad_user_key_exits_2_in_one_line(package: Path, override: str, names:
 # ---------------------------------------------------------------------------- FedNova's step
 
 
-class StandIn:
-    """What FedNova's loop asks of a Federation, for one round with given client answers (no
-    Ray: this checks the server step against a hand computation)."""
+def guide_module(package: Path, monkeypatch: pytest.MonkeyPatch, name: str):
+    """One of the guide's modules, imported from this test's copy of the package."""
+    import importlib
 
-    def __init__(self, x0: np.ndarray, answers: dict[int, tuple[np.ndarray, int]], sizes: dict[int, int]):
-        self.x0, self.answers, self.sizes, self.state = x0, answers, sizes, None
-
-    def track(self, state):
-        self.state = state
-        return state
-
-    def initial_params(self):
-        return self.x0.copy()
-
-    def rounds(self, total):
-        return range(total)
-
-    def sample(self, round, k=None, fraction=None):
-        return sorted(self.answers)
-
-    def call(self, ids, fn, *, round, keep=(), **payload):
-        from types import SimpleNamespace
-
-        return [SimpleNamespace(client=c, local_steps=self.answers[c][1], values={"delta": self.answers[c][0]})
-                for c in ids]
-
-    def client_weights(self, ids):
-        n = np.array([self.sizes[c] for c in ids], dtype=np.float64)
-        return n / n.sum()
-
-    def weighted_sum(self, results, key, weights):
-        return sum(w * r.values[key].astype(np.float64) for r, w in zip(results, weights, strict=True))
-
-    def evaluate(self, x):
-        return {}
-
-    def log_eval(self, round, metrics):
-        pass
-
-    def log_round(self, round, **metrics):
-        pass
-
-
-def test_fednova_server_step_matches_a_hand_computation(package: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from test_public_api import forget_myfl
 
     forget_myfl(monkeypatch)
     monkeypatch.syspath_prepend(str(package))
-    from myfl.fednova import FedNovaConfig, fednova
+    return importlib.import_module(f"myfl.{name}")
 
-    from rayfl.config import RunConfig
 
+def answers(deltas: dict[int, tuple[list[float], int, int]]) -> list[SimpleNamespace]:
+    """Accepted answers: client -> (delta, local steps, samples)."""
+    return [SimpleNamespace(client=c, local_steps=t, num_samples=n, values={"delta": np.array(d, np.float32)})
+            for c, (d, t, n) in sorted(deltas.items())]
+
+
+def test_fednova_server_step_matches_a_hand_computation(package: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rayfl import ModelState
+    from rayfl.driver import Round, Uploads
+    from rayfl.driver.rounds import normalized
+
+    fednova = guide_module(package, monkeypatch, "fednova")
+    alg = fednova.FedNova.__new__(fednova.FedNova)
+    alg.cfg = fednova.FedNovaConfig(clients_per_round=3, server_lr=0.5)
     x0 = np.array([1.0, -2.0], dtype=np.float32)
-    # client: (y_i - x, tau_i); sizes n_i. Client 2 did no step: it is left out.
-    answers = {0: (np.array([0.4, 0.2], np.float32), 2), 1: (np.array([-0.3, 0.9], np.float32), 6),
-               2: (np.array([5.0, 5.0], np.float32), 0)}
-    sizes = {0: 10, 1: 30, 2: 50}
-    fed = StandIn(x0, answers, sizes)
-    cfg = FedNovaConfig(clients_per_round=3, server_lr=0.5)
-    out = fednova(fed, cfg, RunConfig(rounds=1, eval_every=1))
+    # client: (y_i - x, tau_i, n_i). Client 2 did no step: its weight is 0.
+    results = answers({0: ([0.4, 0.2], 2, 10), 1: ([-0.3, 0.9], 6, 30), 2: ([5.0, 5.0], 0, 50)})
+    rnd = Round(0, [0, 1, 2], 1)
+    w = normalized(alg.weights(None, "delta", results, rnd), alg.weighting_of("delta") != "sum")
+    np.testing.assert_allclose(w, [0.25 / 2, 0.75 / 6, 0.0])
+    summed = sum(wi * r.values["delta"].astype(np.float64) for r, wi in zip(results, w, strict=True))
+    out = alg.server_update(ModelState(x=x0), Uploads.of({"delta": summed}, results), rnd)
     # by hand: p = (1/4, 3/4), tau = (2, 6), tau_eff = 0.5 + 4.5 = 5
     # x + 0.5 * 5 * (1/4 * [0.4, 0.2] / 2 + 3/4 * [-0.3, 0.9] / 6) = x + 2.5 * [0.0125, 0.1375]
-    expected = np.array([1.0 + 2.5 * 0.0125, -2.0 + 2.5 * 0.1375])
-    np.testing.assert_allclose(out["final_params"], expected, rtol=1e-6)
-    assert out["num_updates"] == 2
+    np.testing.assert_allclose(out.x, [1.0 + 2.5 * 0.0125, -2.0 + 2.5 * 0.1375], rtol=1e-6)
+
+
+def test_fedavgm_and_feddyn_server_steps_match_hand_computations(package: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FedAvgM: v1 = d1, v2 = beta v1 + d2, x2 = x0 + lr (v1 + v2); FedDyn: h = -alpha |P|/m d,
+    x = x0 + d - h / alpha."""
+    from rayfl.driver import Round, Uploads
+
+    fedavgm = guide_module(package, monkeypatch, "fedavgm")
+    alg = fedavgm.FedAvgM.__new__(fedavgm.FedAvgM)
+    alg.cfg = fedavgm.FedAvgMConfig(beta=0.5, server_lr=2.0)
+    x0, d1, d2 = np.array([1.0, 0.0], np.float32), np.array([0.1, -0.2]), np.array([0.3, 0.4])
+    rnd = Round(0, [], 2)
+    s1 = alg.server_update(fedavgm.MomentumState(x=x0), Uploads.of({"delta": d1}), rnd)
+    s2 = alg.server_update(s1, Uploads.of({"delta": d2}), rnd)
+    np.testing.assert_allclose(s2.velocity, 0.5 * d1 + d2)
+    np.testing.assert_allclose(s2.x, x0 + 2.0 * d1 + 2.0 * (0.5 * d1 + d2), rtol=1e-6)
+
+    feddyn = guide_module(package, monkeypatch, "feddyn")
+    dyn = feddyn.FedDyn.__new__(feddyn.FedDyn)
+    dyn.cfg, dyn.fed = feddyn.FedDynConfig(alpha=0.1), SimpleNamespace(num_clients=10)
+    uploads = Uploads.of({"delta": d1}, answers({3: ([0.0, 0.0], 1, 5), 7: ([0.0, 0.0], 1, 5)}))
+    out = dyn.server_update(feddyn.FedDynState(x=x0, h=np.array([0.01, 0.02])), uploads, rnd)
+    h = np.array([0.01, 0.02]) - 0.1 * 2 / 10 * d1
+    np.testing.assert_allclose(out.h, h)
+    np.testing.assert_allclose(out.x, x0 + d1 - h / 0.1, rtol=1e-6)
 
 
 # ---------------------------------------------------------------------------- runs
@@ -209,6 +206,53 @@ def test_sigterm_then_resume_gives_the_uninterrupted_runs_tables(package: Path) 
     assert_same_tables(table_without_hosts(load(out / "fednova_femnist" / "whole")), table_without_hosts(load(run_dir)))
 
 
+ASYNC_FEDAVGM = ("algorithm.name=myfl.fedavgm:FedAvgM", "algorithm.beta=0.5", "asynchrony.enabled=true",
+                 "asynchrony.concurrency=6", "asynchrony.buffer_size=3", "run.rounds=8", "run.eval_every=4",
+                 "system.speed={dist: lognormal, value: 2.0e+7, sigma: 1.0}", "system.dropout=0.1",
+                 "engine.num_cpus_per_host=0.5", "engine.max_restarts=10", "output.checkpoint_every=3")
+
+
+@pytest.mark.slow
+def test_the_users_fedavgm_runs_asynchronously_like_a_built_in(package: Path) -> None:
+    """The guide's FedAvgM under the asynchronous driver: 1 and 2 hosts, a run stopped by
+    SIGTERM and resumed, and a run whose hosts are killed give the same tables."""
+    from test_host_failures import comparable
+
+    out = package / "async"
+    common = sets(*ASYNC_FEDAVGM, f"output.dir={out}")
+    run_ok("run", "job.yaml", "--quiet", *common, *sets("engine.num_hosts=1", "run.run_id=one"), cwd=package)
+    run_ok("run", "job.yaml", "--quiet", *common, *sets("engine.num_hosts=2", "run.run_id=two"), cwd=package)
+    run_ok("run", "job.yaml", "--quiet", *common, *sets("engine.num_hosts=2", "run.run_id=killed", "engine.kill_host_every=7"),
+           cwd=package)
+    run_dir = out / "fednova_femnist" / "stopped"
+    stop = subprocess.run([str(BIN / "python"), "-c", SIGTERM_AT_ROUND.format(round=4), "job.yaml", *common,
+                           *sets("engine.num_hosts=2", "run.run_id=stopped")],
+                          cwd=package, env=environment(), capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert stop.returncode == 130, stop.stderr[-3000:]
+    assert load(run_dir).rounds["round"].max() == 4
+    run_ok("resume", str(run_dir), "--quiet", cwd=package)
+    one, two, hurt, resumed = (load(out / "fednova_femnist" / r) for r in ("one", "two", "killed", "stopped"))
+    assert hurt.rounds["host_failures"].sum() >= 1 and len(one.rounds) == 8 and one.rounds["staleness_mean"].max() > 0
+    for other in (two, hurt, resumed):
+        for table in ("rounds", "clients", "evals"):
+            pd.testing.assert_frame_equal(comparable(getattr(one, table)), comparable(getattr(other, table)), check_like=True)
+
+
+# `rayfl run` in a process that sends itself SIGTERM right after a given round is logged
+SIGTERM_AT_ROUND = """
+import os, signal, sys
+from rayfl.engine.federation import Federation
+log_round = Federation.log_round
+def log_then_stop(self, r, **metrics):
+    if r == {round}:
+        os.kill(os.getpid(), signal.SIGTERM)
+    log_round(self, r, **metrics)
+Federation.log_round = log_then_stop
+from rayfl.cli import main
+sys.exit(main(["run", "--quiet", *sys.argv[1:]]))
+"""
+
+
 @pytest.mark.slow
 def test_resume_says_in_one_line_when_the_package_is_gone(package: Path, tmp_path: Path) -> None:
     moved = tmp_path / "pkg"
@@ -252,7 +296,7 @@ def test_the_package_installed_with_entry_points(package: Path, tmp_path: Path) 
     assert "fednova" in listed and "entry point of myfl" in listed
     job = elsewhere / "job.yaml"
     job.write_text((package / "job.yaml").read_text()
-                   .replace('"myfl.fednova:fednova"', "fednova").replace('"myfl.cnn:lenet"', "lenet")
+                   .replace('"myfl.fednova:FedNova"', "fednova").replace('"myfl.cnn:lenet"', "lenet")
                    .replace("path: femnist.parquet", f"path: {package / 'femnist.parquet'}"))
     run_ok("run", "job.yaml", "--quiet", *sets("run.rounds=2", f"output.dir={tmp_path / 'results'}", "run.run_id=ep"),
            cwd=elsewhere, env=env)
@@ -304,7 +348,7 @@ def test_ray_job_submit_with_the_package_only_in_the_working_dir(package: Path, 
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     res = load(out)
     assert res.manifests["status"].tolist() == ["completed"] and len(res.rounds) == 2
-    assert res.manifests["algorithm.name"].tolist() == ["myfl.fednova:fednova"]
+    assert res.manifests["algorithm.name"].tolist() == ["myfl.fednova:FedNova"]
     assert pd.read_parquet(next(out.glob("fednova_femnist/*/clients"))).shape[0] == 12
     assert [p.name for p in work.rglob("*.parquet")] == ["femnist.parquet"]  # no results in the working dir
 

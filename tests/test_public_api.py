@@ -129,7 +129,7 @@ def test_a_users_batched_twin_runs_under_vectorize_and_matches_the_loop(tmp_path
     package = write_guide_package(tmp_path)
     forget_myfl(monkeypatch)
     monkeypatch.syspath_prepend(str(package))
-    import myfl.fednova as fednova
+    import myfl.feddyn as feddyn
 
     from rayfl.config import section_config
     from rayfl.data.federated import load_entry
@@ -140,17 +140,20 @@ def test_a_users_batched_twin_runs_under_vectorize_and_matches_the_loop(tmp_path
     arrays = {"train_x": data.x, "train_y": data.y}
     clients = {k: np.flatnonzero(data.groups == k)[: 10 + 3 * k] for k in range(4)}  # unequal sizes, unequal steps
     model = {"name": "myfl.cnn:lenet", "conv1": 2, "conv2": 3, "hidden": 8}
-    twin = batched_version(fednova.local_training)
+    twin = batched_version(feddyn.feddyn_client)
     calls = []
-    monkeypatch.setattr(fednova.local_training, "__rayfl_batched__", lambda ctxs, kw: calls.append(len(ctxs)) or twin(ctxs, kw))
+    monkeypatch.setattr(feddyn.feddyn_client, "__rayfl_batched__", lambda ctxs, kw: calls.append(len(ctxs)) or twin(ctxs, kw))
     x0 = rayfl.get_flat(rayfl.build_model(section_config("model", **model), (1, 28, 28), 62)).numpy()
-    payload = {"params": x0, "lr": 0.1, "schedule": rayfl.LocalSchedule(8, 2, None)}
-    out = {}
+    payload = {"params": x0, "lr": 0.1, "alpha": 0.05, "schedule": rayfl.LocalSchedule(8, 2, None)}
+    out, hosts = {}, {}
     for mode in ("off", "on"):
-        host = ClientHostImpl(0, arrays, clients, None, model, (1, 28, 28), 62, seed=3, vectorize=mode)
-        out[mode] = host.run(fednova.local_training, list(clients), round=0, broadcast=payload)
-    assert calls == [4]  # the loop under "off", the twin once for the host's 4 clients under "on"
+        hosts[mode] = host = ClientHostImpl(0, arrays, clients, None, model, (1, 28, 28), 62, seed=3, vectorize=mode)
+        for r in range(2):  # round 1 starts from the g_k round 0 left in each client's state
+            out[mode] = host.run(feddyn.feddyn_client, list(clients), round=r, broadcast=payload)
+    assert calls == [4, 4]  # the loop under "off", the twin once a round for the host's 4 clients under "on"
     for loop, vec in zip(out["off"], out["on"], strict=True):
         assert loop["local_steps"] == vec["local_steps"] > 0
         np.testing.assert_allclose(vec["values"]["delta"], loop["values"]["delta"], atol=2e-5)
+    for k in clients:
+        np.testing.assert_allclose(hosts["on"].states[k]["g"].numpy(), hosts["off"].states[k]["g"].numpy(), atol=1e-6)
     assert len({r["local_steps"] for r in out["off"]}) > 1

@@ -65,7 +65,7 @@ def test_client_sends_delta_and_h_by_hand(q):
 
 def test_server_step():
     x = np.array([1.0, -2.0], np.float32)
-    got = qfedavg_step(x, [np.array([0.5, 1.0]), np.array([1.5, -3.0])], [2.0, 2.0])
+    got = qfedavg_step(x, np.array([0.5, 1.0]) + np.array([1.5, -3.0]), np.array([2.0, 2.0]))
     np.testing.assert_allclose(got, [0.5, -1.5], rtol=1e-7)
 
 

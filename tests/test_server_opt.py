@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from rayfl.algorithms.fedavg import FedAvgConfig, ScaffoldConfig, fedavg_client, run_fedavg
+from rayfl.algorithms.fedavg import FedAvg, FedAvgConfig, ScaffoldConfig, fedavg_client
 from rayfl.algorithms.local import LocalSchedule
 from rayfl.algorithms.round_lr import RoundLRConfig, round_lr
 from rayfl.algorithms.server_opt import AdamMoments, ServerOptimizerConfig, server_step
 from rayfl.config import ConfigError, RunConfig, load_config
+from rayfl.driver import drive
 from tests.test_maml_baselines import InProcessFed, tiny_dataset, x0
 
 
@@ -86,7 +87,7 @@ def test_fedavg_with_fedadam_and_a_step_schedule_equals_its_two_rounds_by_hand()
                        server_optimizer=ServerOptimizerConfig(name="adam"),
                        round_lr=RoundLRConfig(kind="step", step_rounds=1, factor=0.5))
     fed = SummingFed(ds, start)
-    out = run_fedavg(fed, cfg, RunConfig(rounds=2, eval_every=5))
+    out = drive(fed, FedAvg, cfg, RunConfig(rounds=2, eval_every=5))
 
     ref = InProcessFed(ds, start)  # the clients again, called by hand with each round's lr
     p = torch.nn.Parameter(torch.tensor(start, dtype=torch.float64))

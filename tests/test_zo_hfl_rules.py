@@ -23,7 +23,7 @@ from torch import nn
 
 from rayfl.algorithms.zo_hfl import (
     ZOHFLConfig,
-    call_clients,
+    client_directions,
     server_step,
     zo_estimate,
     zo_hfl_client,
@@ -300,36 +300,21 @@ def test_zo_dimension_sets_the_n_of_n_over_2_eta():
     np.testing.assert_allclose(default, (6 / (2 * 0.2)) * (fp - fm) * v, rtol=1e-9, atol=1e-12)
 
 
-class _RecordingFederation:
-    """The three things `call_clients` reads from a Federation; `call` records what is sent."""
-
-    num_clients, seed = 3, 11
-
-    def __init__(self):
-        self.sent: dict = {}
-
-    def call(self, ids, fn, *, round, per_client, phase, **payload):
-        self.sent = {"ids": ids, "per_client": per_client, "payload": payload}
-        return []
-
-
 def test_direction_radius_eta_sends_and_uses_v_on_eta_sphere():
     """`direction_radius: eta` (Sec. II's v in eta S): client i gets v = eta u, u its unit
     direction of round r, so it solves at x +- eta^2 u, and g_i = (d / 2 eta)(f2(x + eta^2 u, y+)
     - f2(x - eta^2 u, y-)) eta u, by hand; `unit` sends u itself."""
-    eta, r = 0.3, 4
+    eta, r, seed = 0.3, 4, 11
     x32 = np.arange(D, dtype=np.float32) / 10
     for radius, scale in (("eta", eta), ("unit", 1.0)):
-        fed, cfg = _RecordingFederation(), ZOHFLConfig(eta=eta, lam=2.0, direction_radius=radius)
-        _, directions = call_clients(fed, cfg, r, x32, [0, 2])
+        directions = client_directions(seed, r, [0, 2], D, ZOHFLConfig(eta=eta, lam=2.0, direction_radius=radius))
         for i in (0, 2):
-            u = sphere_from_seed(direction_seed(fed.seed, r, i), D)
-            np.testing.assert_allclose(fed.sent["per_client"][i]["direction"], (scale * u).astype(np.float32))
-            np.testing.assert_allclose(directions[i], (scale * u).astype(np.float32).astype(np.float64))
-            assert fed.sent["payload"]["eta"] == eta
-    fed = _RecordingFederation()
-    _, directions_eta = call_clients(fed, ZOHFLConfig(eta=eta, lam=2.0, direction_radius="eta"), r, x32, [0])
-    v = directions_eta[0]
+            u = sphere_from_seed(direction_seed(seed, r, i), D)
+            assert directions[i][0] == direction_seed(seed, r, i)
+            np.testing.assert_allclose(directions[i][1], (scale * u).astype(np.float32))
+    shared = client_directions(seed, r, [0, 2], D, ZOHFLConfig(directions="shared"))
+    np.testing.assert_array_equal(shared[0][1], shared[2][1])
+    v = client_directions(seed, r, [0], D, ZOHFLConfig(eta=eta, lam=2.0, direction_radius="eta"))[0][1].astype(np.float64)
     u = v / eta
     rng = np.random.default_rng(6)
     y_plus, y_minus = rng.normal(size=(2, D))

@@ -22,20 +22,13 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from rayfl.algorithms.ffgg import (
-    FFGGConfig,
-    Split,
-    check_finite,
-    check_solver,
-    evaluate_if_due,
-    ffgg_client,
-    fine_tune_of,
-    server_split,
-    step_sizes,
-)
+from rayfl.algorithms.ffgg import FFGG, FFGGConfig, FFGGState, Split
 from rayfl.algorithms.finetune import FineTune
-from rayfl.config import ConfigError, RunConfig
-from rayfl.engine import AsyncPool, ClientResult, Federation
+from rayfl.config import ConfigError
+from rayfl.driver import Round, Uploads
+from rayfl.driver.asynchronous import Dispatcher
+from rayfl.driver.settings import AsynchronyConfig
+from rayfl.engine import ClientResult
 from rayfl.rng import numpy_rng
 
 
@@ -70,14 +63,6 @@ class AsyncFFGGConfig(FFGGConfig):
             raise ConfigError("algorithm.max_staleness", f"must be >= 0 or null, got {self.max_staleness}")
 
 
-@dataclass
-class AsyncFFGGState:
-    """theta, and how many dispatch draws were made (the next draw's stream key)."""
-
-    theta: np.ndarray
-    picks: int = 0
-
-
 def step_size(cfg: AsyncFFGGConfig, split: Split, base: float, delay: int) -> float:
     """gamma_theta for an update of delay d (see the module docstring)."""
     if cfg.step_rule == "theory":
@@ -98,76 +83,68 @@ def promised_samples(split: Split, tune: FineTune, n: int) -> int:
     return n * ((tune.steps if tune.solver == "gd" and tune.epochs is None else 1) + 1)
 
 
-class AsyncDispatcher:
-    """Starts jobs from the current theta and picks who runs the next one."""
+class AsyncFFGG(FFGG):
+    """Alg. 3: FFGG's parts under the asynchronous driver, one delayed update per server step
+    (a buffer of 1, no staleness weight: the delay enters through the step rule)."""
 
-    def __init__(self, fed: Federation, cfg: AsyncFFGGConfig, split: Split, tune: FineTune, s: AsyncFFGGState):
-        self.fed, self.cfg, self.split, self.tune, self.s = fed, cfg, split, tune, s
-        self.pool: AsyncPool = fed.async_pool()
-        self.sizes = fed.client_sizes
+    config = AsyncFFGGConfig
+    always_asynchronous = True
+
+    @classmethod
+    def asynchrony_of(cls, cfg: Any) -> AsynchronyConfig:
+        alg = cfg.algorithm
+        return AsynchronyConfig(enabled=True, concurrency=alg.concurrency, buffer_size=1, staleness="constant",
+                                max_staleness=alg.max_staleness)
+
+    def dispatcher(self, settings: AsynchronyConfig, run_state: Any) -> Dispatcher:
+        return Alg3Dispatch(self, settings, run_state)
+
+    def promised_work(self, client: int, payload: Any) -> tuple[int, int]:
+        return 0, promised_samples(self.split, self.tune, int(self.fed.client_sizes[client]))
+
+    def step_size(self, uploads: Uploads) -> float:
+        """gamma_theta(d) of the update's delay d."""
+        return step_size(self.cfg, self.split, self.gamma_theta, int(uploads.staleness[0]))
+
+    def metrics(self, state: FFGGState, uploads: Uploads, rnd: Round) -> dict[str, Any]:
+        (res,) = uploads.results
+        out = {"num_updates": 1, "train_loss": float(res["loss"]), "staleness": int(res.staleness),
+               "step_size": self.step_size(uploads)}
+        if self.split.quadratic:
+            out.update(self.split.oracle.metrics(state.theta))
+        return out
+
+
+class Alg3Dispatch(Dispatcher):
+    """Alg. 3 lines 5-7: each finished job is followed at once by a new one, for a client
+    drawn uniformly from all M (`dispatch: theory`, busy or not, stream 'async_ffgg.sample')
+    or the same worker (`worker`), from theta before the step (`dispatch_model: old`) or
+    after it (`new`); a failed or too-stale job is replaced the same way."""
 
     def uniform_client(self) -> int:
-        """Uniform over all trainable clients, busy or not (theory mode's multiset)."""
-        c = int(numpy_rng(self.fed.seed, "async_ffgg.sample", self.s.picks).choice(self.fed.trainable_clients))
-        self.s.picks += 1
+        fed, picks = self.fed, self.run_state
+        c = int(numpy_rng(fed.seed, "async_ffgg.sample", picks.picks).choice(fed.trainable_clients))
+        picks.picks += 1
         return c
 
-    def idle_client(self) -> int | None:
-        c = self.fed.sample_idle(self.pool.busy_clients, key=self.s.picks)
-        self.s.picks += 1
-        return c
-
-    def submit(self, client: int, theta: np.ndarray) -> None:
-        self.pool.submit(
-            client, ffgg_client, theta=theta, split=self.split.spec, tune=self.tune,
-            min_backward_samples=promised_samples(self.split, self.tune, int(self.sizes[client])),
-        )
-
-    def fill(self, theta: np.ndarray) -> None:
+    def fill(self, state: FFGGState, rnd: Round) -> None:
         """Keep `concurrency` jobs in flight (the first K workers in worker mode are distinct)."""
-        while len(self.pool) < self.cfg.concurrency:
-            c = self.uniform_client() if self.cfg.dispatch == "theory" else self.idle_client()
+        while len(self.pool) < self.settings.concurrency:
+            c = self.uniform_client() if self.alg.cfg.dispatch == "theory" else self.draw()
             if c is None:
                 break
-            self.submit(c, theta)
+            self.submit(c, state, rnd)
 
-    def next_job(self, finished: int, theta: np.ndarray) -> None:
-        """Alg. 3 lines 5-7: a new job from `theta` for a uniform client or the same worker."""
-        self.submit(self.uniform_client() if self.cfg.dispatch == "theory" else finished, theta)
+    def next_job(self, finished: int, state: FFGGState, rnd: Round) -> None:
+        self.submit(self.uniform_client() if self.alg.cfg.dispatch == "theory" else finished, state, rnd)
 
-    def next_result(self, theta: np.ndarray) -> ClientResult:
-        """The earliest usable arrival; a failed or too-stale job is replaced, as a worker
-        that gave up would be handed new work."""
-        while True:
-            self.fill(theta)
-            res = self.pool.next(max_staleness=self.cfg.max_staleness)
-            if res.ok:
-                return res
-            self.next_job(res.client, theta)
+    def failed(self, res: ClientResult, state: FFGGState, rnd: Round) -> None:
+        self.next_job(res.client, state, rnd)
 
+    def arrived(self, res: ClientResult, state: FFGGState, rnd: Round) -> None:
+        if self.alg.cfg.dispatch_model == "old":
+            self.next_job(res.client, state, rnd)
 
-def run_async_ffgg(fed: Federation, cfg: AsyncFFGGConfig, run: RunConfig) -> dict[str, Any]:
-    split = server_split(fed, cfg)
-    check_solver(cfg, split)
-    base, gamma_w = step_sizes(split, cfg)
-    tune = fine_tune_of(cfg, gamma_w)
-    s = fed.track(AsyncFFGGState(theta=split.theta0.copy()))
-    disp = AsyncDispatcher(fed, cfg, split, tune, s)
-    metrics: dict[str, Any] = {}
-    for r in fed.rounds(run.rounds):
-        res = disp.next_result(s.theta)
-        if cfg.dispatch_model == "old":
-            disp.next_job(res.client, s.theta)
-        gamma = step_size(cfg, split, base, res.staleness)
-        s.theta = (s.theta.astype(np.float64) - gamma * res["delta"].astype(np.float64)).astype(split.theta0.dtype)
-        check_finite(s.theta, r)
-        fed.advance_version()
-        if cfg.dispatch_model == "new":
-            disp.next_job(res.client, s.theta)
-        metrics = {"num_updates": 1, "train_loss": float(res["loss"]), "staleness": int(res.staleness), "step_size": gamma}
-        if split.quadratic:
-            metrics.update(split.oracle.metrics(s.theta))
-        metrics.update(evaluate_if_due(fed, split, s.theta, r, run))
-        fed.log_round(r, **metrics)
-    disp.pool.drain()
-    return {"final_params": s.theta, **metrics}
+    def stepped(self, buffer: list[ClientResult], state: FFGGState, rnd: Round) -> None:
+        if self.alg.cfg.dispatch_model == "new":
+            self.next_job(buffer[0].client, state, rnd)

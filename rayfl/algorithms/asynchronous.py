@@ -7,16 +7,16 @@ client's download and the moment its update is used."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from rayfl.algorithms.fedavg import FedAvgConfig, fedavg_client
-from rayfl.algorithms.local import LocalSchedule
-from rayfl.algorithms.rounds import check_finite, evaluate_if_due
-from rayfl.config import ConfigError, RunConfig
-from rayfl.engine import AsyncPool, ClientResult, Federation
+from rayfl.algorithms.fedavg import FedAvg, FedAvgConfig
+from rayfl.algorithms.server_opt import ModelState
+from rayfl.config import ConfigError
+from rayfl.driver import Round, Uploads
+from rayfl.driver.settings import AsynchronyConfig, staleness_weight
 
 
 @dataclass
@@ -81,6 +81,8 @@ class FedBuffConfig(AsyncConfig):
     uploads: ClassVar[tuple[str, ...]] = ("delta",)  # the buffer is a weighted sum of them
 
     name: str = "fedbuff"
+    # How buffered deltas are weighted before staleness: uniform (1/K each, the paper's) or samples.
+    weighting: Literal["samples", "uniform"] = "uniform"
     # K, client deltas buffered per server step (>= 1): x <- x + server_lr * (sum of
     # staleness-scaled deltas) / K.
     buffer_size: int = 10
@@ -91,114 +93,46 @@ class FedBuffConfig(AsyncConfig):
             raise ConfigError("algorithm.buffer_size", f"must be >= 1, got {self.buffer_size}")
 
 
-def staleness_weight(cfg: AsyncConfig, staleness: int) -> float:
-    t = float(staleness)
-    if cfg.staleness == "constant":
-        return 1.0
-    if cfg.staleness == "polynomial":
-        return (1.0 + t) ** (-cfg.staleness_a)
-    if t <= cfg.staleness_b:
-        return 1.0
-    return 1.0 / (cfg.staleness_a * (t - cfg.staleness_b) + 1.0)
+class FedBuff(FedAvg):
+    """FedBuff: FedAvg's parts under the asynchronous driver with the algorithm's own
+    concurrency, buffer and staleness keys."""
+
+    config = FedBuffConfig
+    always_asynchronous = True
+
+    @classmethod
+    def asynchrony_of(cls, cfg: Any) -> AsynchronyConfig:
+        alg = cfg.algorithm
+        return AsynchronyConfig(enabled=True, concurrency=alg.concurrency, buffer_size=getattr(alg, "buffer_size", 1),
+                                staleness=alg.staleness, staleness_a=alg.staleness_a, staleness_b=alg.staleness_b,
+                                max_staleness=alg.max_staleness)
 
 
-def promised_samples(schedule: LocalSchedule, n: int) -> int:
-    """Gradient samples local SGD is certain to process: lets the pool run tasks in parallel."""
-    if n == 0:
-        return 0
-    if schedule.epochs is not None:
-        return schedule.epochs * n
-    return (schedule.steps or 0) * min(schedule.batch_size, n)
+class FedAsync(FedBuff):
+    """FedAsync (Xie et al. 2019, Alg. 1): each arrival alone (a buffer of 1), mixed into the
+    model: x <- (1 - a_t) x + a_t x_client, x_client = x_downloaded + delta,
+    a_t = mixing * s(staleness)."""
 
+    config = FedAsyncConfig
 
-@dataclass
-class AsyncState:
-    """What an asynchronous server carries between steps: the global model, the versions
-    clients in flight downloaded (until their updates arrive), and how many picks were drawn.
-    The tasks in flight themselves are the Federation's pool, checkpointed with it."""
+    @classmethod
+    def refuses_pipeline(cls, cfg: Any, sections: list[str]) -> str | None:
+        if "robust" in sections or cfg.privacy.mode == "central":
+            return ("FedAsync mixes each arrival's model into the server's alone, so there is no sum for central noise "
+                    "or a robust rule to act on; use fedbuff (a buffer of K arrivals) or local DP")
+        return None
 
-    x: np.ndarray
-    models: dict[int, np.ndarray] = field(default_factory=dict)
-    picks: int = 0
+    def server_update(self, state: ModelState, uploads: Uploads, rnd: Round) -> ModelState:
+        (res,) = uploads.results
+        alpha = self.mixing(uploads)
+        x_client = uploads.downloaded[0] + res["delta"]
+        x = (1.0 - alpha) * state.x.astype(np.float64) + alpha * x_client.astype(np.float64)
+        return ModelState(x=x.astype(np.float32), moments=state.moments)
 
+    def mixing(self, uploads: Uploads) -> float:
+        return self.cfg.mixing * staleness_weight(self.cfg, int(uploads.staleness[0]))
 
-class Dispatcher:
-    """Keeps `concurrency` clients training, each from the model version current at dispatch,
-    and remembers those versions until their last update has arrived."""
-
-    def __init__(self, fed: Federation, cfg: AsyncConfig, s: AsyncState):
-        self.fed, self.cfg, self.s = fed, cfg, s
-        self.pool: AsyncPool = fed.async_pool()
-        offset = cfg.lr_offset if cfg.lr_schedule == "harmonic" else None
-        self.schedule = LocalSchedule(cfg.batch_size, cfg.local_epochs, cfg.local_steps, offset)
-        self.sizes = fed.client_sizes
-
-    def refill(self, x: np.ndarray) -> None:
-        self.s.models[self.fed.model_version] = x
-        while len(self.pool) < self.cfg.concurrency:
-            client = self.fed.sample_idle(self.pool.busy_clients, key=self.s.picks)
-            self.s.picks += 1
-            if client is None:
-                break
-            self.pool.submit(
-                client, fedavg_client, params=x, lr=self.cfg.lr, schedule=self.schedule,
-                weight_decay=self.cfg.weight_decay, prox_mu=0.0,
-                min_backward_samples=promised_samples(self.schedule, int(self.sizes[client])), keep=type(self.cfg).uploads,
-            )
-
-    def next_update(self, x: np.ndarray) -> ClientResult:
-        """The next usable arrival (failed and too-stale tasks are logged and skipped)."""
-        while True:
-            self.refill(x)
-            res = self.pool.next(max_staleness=self.cfg.max_staleness)
-            if res.ok:
-                return res
-
-    def downloaded(self, res: ClientResult) -> np.ndarray:
-        return self.s.models[res.version]
-
-    def forget_old_versions(self) -> None:
-        live = {r.version for r in self.pool.in_flight()} | {self.fed.model_version}
-        self.s.models = {v: m for v, m in self.s.models.items() if v in live}
-
-
-def run_fedasync(fed: Federation, cfg: FedAsyncConfig, run: RunConfig) -> dict[str, Any]:
-    s = fed.track(AsyncState(x=fed.initial_params()))
-    disp = Dispatcher(fed, cfg, s)
-    metrics: dict[str, Any] = {}
-    for r in fed.rounds(run.rounds):
-        res = disp.next_update(s.x)
-        x_client = disp.downloaded(res) + res["delta"]
-        alpha = cfg.mixing * staleness_weight(cfg, res.staleness)
-        s.x = ((1.0 - alpha) * s.x.astype(np.float64) + alpha * x_client.astype(np.float64)).astype(np.float32)
-        check_finite(s.x, r)
-        fed.advance_version()
-        disp.forget_old_versions()
-        metrics = {"train_loss": float(res["loss"]), "num_updates": 1, "staleness_mean": float(res.staleness), "mixing": alpha}
-        metrics.update(evaluate_if_due(fed, s.x, r, run))
-        fed.log_round(r, **metrics)
-    disp.pool.drain()
-    return {"final_params": s.x, **metrics}
-
-
-def run_fedbuff(fed: Federation, cfg: FedBuffConfig, run: RunConfig) -> dict[str, Any]:
-    s = fed.track(AsyncState(x=fed.initial_params()))
-    disp = Dispatcher(fed, cfg, s)
-    metrics: dict[str, Any] = {}
-    for r in fed.rounds(run.rounds):
-        buffer = [disp.next_update(s.x) for _ in range(cfg.buffer_size)]
-        step = fed.weighted_sum(buffer, "delta", [staleness_weight(cfg, res.staleness) / cfg.buffer_size for res in buffer])
-        s.x = (s.x + cfg.server_lr * step).astype(np.float32)
-        check_finite(s.x, r)
-        fed.advance_version()
-        disp.forget_old_versions()
-        metrics = {
-            "train_loss": float(np.mean([res["loss"] for res in buffer])),
-            "num_updates": len(buffer),
-            "staleness_mean": float(np.mean([res.staleness for res in buffer])),
-            "staleness_max": int(max(res.staleness for res in buffer)),
-        }
-        metrics.update(evaluate_if_due(fed, s.x, r, run))
-        fed.log_round(r, **metrics)
-    disp.pool.drain()
-    return {"final_params": s.x, **metrics}
+    def metrics(self, state: ModelState, uploads: Uploads, rnd: Round) -> dict[str, Any]:
+        (res,) = uploads.results
+        return {"train_loss": float(res["loss"]), "num_updates": 1, "staleness_mean": float(res.staleness),
+                "mixing": self.mixing(uploads)}

@@ -34,15 +34,10 @@ import torch
 from rayfl.algorithms.client_eval import evaluate_clients
 from rayfl.algorithms.kernels import CrossEntropyGrad
 from rayfl.algorithms.personalized_eval import PREFIX as PERSONALIZED
-from rayfl.algorithms.rounds import (
-    ModelState,
-    check_finite,
-    clients_this_round,
-    evaluate_if_due,
-    weighted_mean,
-)
-from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
-from rayfl.engine import ClientContext, Federation
+from rayfl.algorithms.server_opt import ModelState
+from rayfl.config import AlgorithmConfig, ConfigError
+from rayfl.driver import Algorithm, Phase, Round, Uploads
+from rayfl.engine import ClientContext
 from rayfl.zo.lower_level import minibatch_indices
 
 
@@ -230,45 +225,93 @@ def comfedl_client(
     return {"delta": w - w0, "loss": mean, "outer_weight": float(np.mean(weights)) if weights else 0.0}
 
 
-# ---------------------------------------------------------------- server loop
+# ---------------------------------------------------------------- server
 
 
-def run_comfedl(fed: Federation, cfg: ComFedLConfig, run: RunConfig) -> dict[str, Any]:
-    """Alg. 1 with uniform client sampling and a uniform average; the normalised weighting adds
-    one probe round trip (L_i at w_s) before local training."""
-    s = fed.track(ModelState(x=fed.initial_params()))
-    metrics: dict[str, Any] = {}
-    common = dict(objective=cfg.objective, inner_lr=cfg.inner_lr, second_order=cfg.second_order,
-                  batch_size=cfg.batch_size, outer_batch_size=cfg.outer_batch_size)
-    for r in fed.rounds(run.rounds):
-        ids = clients_this_round(fed, cfg, r)
-        metrics = {"num_updates": 0}
-        shift = 0.0
-        if cfg.outer == "exp" and cfg.weighting == "normalized":
-            probes = fed.call(ids, comfedl_probe, round=r, phase="probe", params=s.x, **common)
-            ids = [p.client for p in probes]
-            if probes:
-                losses = np.array([p["probe"] for p in probes], dtype=np.float64)
-                shift = lse_shift(losses, cfg.gamma)
-                metrics.update(robust_objective=shift, max_client_weight=float(robust_weights(losses, cfg.gamma).max()))
-        results = fed.call(
-            ids, comfedl_client, round=r, params=s.x, lr=cfg.lr, steps=cfg.local_steps, gamma=cfg.gamma,
-            outer=cfg.outer, weighting=cfg.weighting, shift=shift, clamp=cfg.clamp, **common,
-        )
-        if results:  # line 17: the uniform mean of the returned models
-            weights = fed.client_weights([res.client for res in results], cfg.average)
-            s.x = (s.x + weighted_mean(results, "delta", weights)).astype(np.float32)
-            check_finite(s.x, r)
-            metrics.update(
-                num_updates=len(results),
-                train_loss=float(np.mean([res["loss"] for res in results])),
-                outer_weight=float(np.mean([res["outer_weight"] for res in results])),
-            )
-        metrics.update(evaluate_if_due(fed, s.x, r, run))
-        if cfg.client_eval and "test_accuracy" in metrics:
-            metrics.update(evaluate_clients(fed, s.x, r))
-            if cfg.objective == "maml":  # ComFedL-DAMAML is judged like every MAML method: after one step
-                metrics.update(evaluate_clients(fed, s.x, r, adapt_steps=1, adapt_lr=cfg.inner_lr,
-                                                adapt_batch_size=cfg.batch_size, prefix=PERSONALIZED))
-        fed.log_round(r, **metrics)
-    return {"final_params": s.x, **metrics}
+class Probe(Phase):
+    """The normalised weighting's first call: every sampled client's L_i at w_s, from which
+    the server broadcasts c_s = gamma log((1/m) sum_j exp(L_j / gamma))."""
+
+    name = "probe"
+    client = staticmethod(comfedl_probe)
+
+    def __init__(self, alg: ComFedL):
+        self.alg, self.fed, self.cfg = alg, alg.fed, alg.cfg
+
+    def payload(self, state: ModelState, rnd: Round) -> dict[str, Any]:
+        return {"params": state.x, **self.alg.common}
+
+    def server_update(self, state: ModelState, uploads: Uploads, rnd: Round) -> ModelState:
+        rnd.notes["shift"] = lse_shift(uploads.values("probe"), self.cfg.gamma)
+        return state
+
+    def metrics(self, state: ModelState, uploads: Uploads, rnd: Round) -> dict[str, Any]:
+        if not uploads:
+            return {}
+        return {"robust_objective": rnd.notes["shift"],
+                "max_client_weight": float(robust_weights(uploads.values("probe"), self.cfg.gamma).max())}
+
+
+class ComFedL(Algorithm[ModelState]):
+    """Alg. 1 with uniform client sampling and a uniform average (line 17); the normalised
+    weighting adds the probe call (L_i at w_s) before local training, and only the clients
+    that answered it train."""
+
+    config = ComFedLConfig
+    client = staticmethod(comfedl_client)
+    uploads = ("delta",)
+    exact_sums = False
+
+    def setup(self) -> None:
+        cfg = self.cfg
+        self.common = dict(objective=cfg.objective, inner_lr=cfg.inner_lr, second_order=cfg.second_order,
+                           batch_size=cfg.batch_size, outer_batch_size=cfg.outer_batch_size)
+
+    def init(self) -> ModelState:
+        return ModelState(x=self.fed.initial_params())
+
+    @staticmethod
+    def probes(cfg: ComFedLConfig) -> bool:
+        """Whether a round starts with the probe call (the normalised exp weighting)."""
+        return cfg.outer == "exp" and cfg.weighting == "normalized"
+
+    @classmethod
+    def refuses_asynchrony(cls, cfg: ComFedLConfig) -> str | None:
+        if cls.probes(cfg):
+            return ("the normalised step asks every sampled client's loss before training (two client calls a round); "
+                    "set algorithm.weighting: literal or algorithm.outer: identity")
+        return None
+
+    def phases(self) -> list[Phase]:
+        return [Probe(self), self] if self.probes(self.cfg) else [self]
+
+    def clients(self, state: ModelState, rnd: Round) -> list[int]:
+        probed = rnd.accepted.get(Probe.name)
+        return rnd.cohort if probed is None else [p.client for p in probed]
+
+    def weighting_of(self, key: str) -> str:
+        return self.cfg.average
+
+    def payload(self, state: ModelState, rnd: Round) -> dict[str, Any]:
+        cfg = self.cfg
+        return {"params": state.x, "lr": cfg.lr, "steps": cfg.local_steps, "gamma": cfg.gamma, "outer": cfg.outer,
+                "weighting": cfg.weighting, "shift": rnd.notes.get("shift", 0.0), "clamp": cfg.clamp, **self.common}
+
+    def server_update(self, state: ModelState, uploads: Uploads, rnd: Round) -> ModelState:
+        """Line 17: the mean of the returned models."""
+        return ModelState(x=(state.x + uploads["delta"]).astype(np.float32), moments=state.moments)
+
+    def metrics(self, state: ModelState, uploads: Uploads, rnd: Round) -> dict[str, Any]:
+        if not uploads:
+            return {"num_updates": 0}
+        return {"num_updates": len(uploads), "train_loss": float(np.mean(uploads.values("loss"))),
+                "outer_weight": float(np.mean(uploads.values("outer_weight")))}
+
+    def evaluate(self, state: ModelState, rnd: Round) -> dict[str, Any]:
+        m = super().evaluate(state, rnd)
+        if self.cfg.client_eval:
+            m.update(evaluate_clients(self.fed, state.x, rnd.index))
+            if self.cfg.objective == "maml":  # ComFedL-DAMAML is judged like every MAML method: after one step
+                m.update(evaluate_clients(self.fed, state.x, rnd.index, adapt_steps=1, adapt_lr=self.cfg.inner_lr,
+                                          adapt_batch_size=self.cfg.batch_size, prefix=PERSONALIZED))
+        return m

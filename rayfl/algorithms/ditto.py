@@ -22,18 +22,11 @@ import numpy as np
 import torch
 
 from rayfl.algorithms.local import LocalSchedule, local_sgd
-from rayfl.algorithms.personalized_eval import (
-    evaluate_personalized_if_due,
-    require_client_validation,
-)
-from rayfl.algorithms.rounds import (
-    ModelState,
-    check_finite,
-    clients_this_round,
-    round_metrics,
-)
-from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
-from rayfl.engine import ClientContext, Federation
+from rayfl.algorithms.personalized_eval import evaluate_personalized, require_client_validation
+from rayfl.algorithms.server_opt import ModelState
+from rayfl.config import AlgorithmConfig, ConfigError
+from rayfl.driver import Algorithm, Round, Uploads
+from rayfl.engine import ClientContext
 
 PERSONAL = "personal"
 
@@ -78,22 +71,38 @@ def ditto_client(
     return {"delta": w - x, "loss": loss, "personal_loss": personal_loss}
 
 
-def run_ditto(fed: Federation, cfg: DittoConfig, run: RunConfig) -> dict[str, Any]:
-    require_client_validation(fed)
-    s = fed.track(ModelState(x=fed.initial_params()))
-    schedule = LocalSchedule(cfg.batch_size, cfg.local_epochs, cfg.local_steps)
-    metrics: dict[str, Any] = {}
-    for r in fed.rounds(run.rounds):
-        ids = clients_this_round(fed, cfg, r)
-        results = fed.call(ids, ditto_client, round=r, keep=("delta",), params=s.x, lr=cfg.lr,
-                           personal_lr=cfg.personal_lr, lam=cfg.lam, schedule=schedule)
-        metrics = {"num_updates": 0}
-        if results:
-            weights = fed.client_weights([res.client for res in results], cfg.weighting)
-            s.x = (s.x + fed.weighted_sum(results, "delta", weights)).astype(np.float32)
-            check_finite(s.x, r)
-            metrics = round_metrics(fed, results, weights)
-            metrics["personal_loss"] = float(np.nanmean([res["personal_loss"] for res in results]))
-        metrics.update(evaluate_personalized_if_due(fed, s.x, r, run, cfg.lr, 0, cfg.batch_size, state_key=PERSONAL))
-        fed.log_round(r, **metrics)
-    return {"final_params": s.x, **metrics}
+class Ditto(Algorithm[ModelState]):
+    """The global model by FedAvg (no server step size), each client's personal v_k in its
+    state; evaluation on the v_k."""
+
+    config = DittoConfig
+    client = staticmethod(ditto_client)
+    uploads = ("delta",)
+
+    def setup(self) -> None:
+        require_client_validation(self.fed)
+        cfg = self.cfg
+        self.schedule = LocalSchedule(cfg.batch_size, cfg.local_epochs, cfg.local_steps)
+
+    def init(self) -> ModelState:
+        return ModelState(x=self.fed.initial_params())
+
+    def weighting_of(self, key: str) -> str:
+        return self.cfg.weighting
+
+    def payload(self, state: ModelState, rnd: Round) -> dict[str, Any]:
+        cfg = self.cfg
+        return {"params": state.x, "lr": cfg.lr, "personal_lr": cfg.personal_lr, "lam": cfg.lam, "schedule": self.schedule}
+
+    def server_update(self, state: ModelState, uploads: Uploads, rnd: Round) -> ModelState:
+        """w_{s+1} = w_s + the weighted mean global delta."""
+        return ModelState(x=(state.x + uploads["delta"]).astype(np.float32), moments=state.moments)
+
+    def metrics(self, state: ModelState, uploads: Uploads, rnd: Round) -> dict[str, Any]:
+        out = super().metrics(state, uploads, rnd)
+        if uploads:
+            out["personal_loss"] = float(np.nanmean(uploads.values("personal_loss")))
+        return out
+
+    def evaluate(self, state: ModelState, rnd: Round) -> dict[str, Any]:
+        return evaluate_personalized(self.fed, state.x, rnd.index, self.cfg.lr, 0, self.cfg.batch_size, state_key=PERSONAL)

@@ -15,6 +15,7 @@ per round, and lambda is floored at `weight_floor` after the projection (then re
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -23,8 +24,9 @@ import torch
 
 from rayfl.algorithms.client_eval import evaluate_clients
 from rayfl.algorithms.kernels import CrossEntropyGrad
-from rayfl.algorithms.rounds import check_finite, clients_this_round, evaluate_if_due, weighted_mean
-from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
+from rayfl.config import AlgorithmConfig, ConfigError
+from rayfl.driver import Algorithm, Phase, Round, Uploads
+from rayfl.driver.rounds import clients_this_round
 from rayfl.engine import ClientContext, Federation
 from rayfl.rng import numpy_rng
 from rayfl.zo.lower_level import minibatch_indices
@@ -124,7 +126,7 @@ def drfa_loss(ctx: ClientContext, params: np.ndarray, batch_size: int) -> dict[s
     return {"f": float(loss[0])}
 
 
-# ---------------------------------------------------------------- server loop
+# ---------------------------------------------------------------- server
 
 
 def training_clients(fed: Federation, cfg: DRFAConfig, lam: np.ndarray, r: int) -> tuple[list[int], np.ndarray]:
@@ -140,38 +142,97 @@ def training_clients(fed: Federation, cfg: DRFAConfig, lam: np.ndarray, r: int) 
     return ids, w / w.sum()
 
 
-def run_drfa(fed: Federation, cfg: DRFAConfig, run: RunConfig) -> dict[str, Any]:
-    n = fed.num_clients
-    lam0 = fed.client_weights(None, "samples") if cfg.variant == "weighted" else np.full(n, 1.0 / n)
-    s = fed.track(DRFAState(x=fed.initial_params(), lam=lam0))
-    tau = int(cfg.local_steps or 0)
-    metrics: dict[str, Any] = {}
-    for r in fed.rounds(run.rounds):
-        ids, weights = training_clients(fed, cfg, s.lam, r)
-        t_snap = int(numpy_rng(fed.seed, "drfa.snapshot", r).integers(1, tau + 1))
-        results = fed.call(ids, drfa_client, round=r, params=s.x, lr=cfg.lr, steps=tau, batch_size=cfg.batch_size,
-                           snapshot=t_snap)
-        metrics = {"num_updates": len(results)}
-        if results:
-            keep = {c: w for c, w in zip(ids, weights, strict=True)}
-            wts = np.array([keep[res.client] for res in results])
-            wts = wts / wts.sum()
-            x_snap = (s.x + weighted_mean(results, "snapshot", wts)).astype(np.float32)
-            s.x = (s.x + weighted_mean(results, "delta", wts)).astype(np.float32)
-            check_finite(s.x, r)
-            m = len(ids) if cfg.variant == "weighted" else (cfg.clients_per_round or n)
-            if cfg.variant == "sampling":
-                loss_ids = sorted(int(c) for c in numpy_rng(fed.seed, "drfa.loss_clients", r).choice(n, size=min(m, n), replace=False))
-            else:
-                loss_ids = ids
-            reports = fed.call(loss_ids, drfa_loss, round=r, phase="weights", params=x_snap, batch_size=cfg.batch_size)
-            lr_r = cfg.weight_lr * (cfg.weight_lr_decay**r if cfg.variant == "weighted" else 1.0)
-            floor = cfg.weight_floor if cfg.variant == "weighted" else 0.0
-            s.lam = lambda_step(s.lam, {rep.client: rep["f"] for rep in reports}, n, m, lr_r, tau, floor)
-            metrics.update(train_loss=float(np.sum(wts * [res["loss"] for res in results])),
-                           max_client_weight=float(s.lam.max()), snapshot_step=t_snap)
-        metrics.update(evaluate_if_due(fed, s.x, r, run))
-        if cfg.client_eval and "test_accuracy" in metrics:
-            metrics.update(evaluate_clients(fed, s.x, r))
-        fed.log_round(r, **metrics)
-    return {"final_params": s.x, "lambda": s.lam, **metrics}
+class LossReports(Phase):
+    """After the model step: clients U report f_i(w') at the snapshot model w', and the
+    server takes lambda's projected ascent step."""
+
+    name = "weights"
+    client = staticmethod(drfa_loss)
+    update_without_uploads = True  # lambda steps even when no report arrives
+
+    def __init__(self, alg: DRFA):
+        self.alg, self.fed, self.cfg = alg, alg.fed, alg.cfg
+
+    def clients(self, state: DRFAState, rnd: Round) -> list[int] | None:
+        if not rnd.accepted[DRFA.name]:
+            return None  # no model step, no lambda step
+        if self.cfg.variant != "sampling":
+            return rnd.cohort
+        n = self.fed.num_clients
+        m = self.cfg.clients_per_round or n
+        return sorted(int(c) for c in numpy_rng(self.fed.seed, "drfa.loss_clients", rnd.index).choice(n, size=min(m, n), replace=False))
+
+    def payload(self, state: DRFAState, rnd: Round) -> dict[str, Any]:
+        return {"params": rnd.notes["snapshot"], "batch_size": self.cfg.batch_size}
+
+    def server_update(self, state: DRFAState, uploads: Uploads, rnd: Round) -> DRFAState:
+        """lambda <- Proj(lambda + lr_r tau v), v_i = (n/m) f_i(w'), floored (weighted variant)."""
+        cfg, n = self.cfg, self.fed.num_clients
+        weighted = cfg.variant == "weighted"
+        m = len(rnd.cohort) if weighted else (cfg.clients_per_round or n)
+        lr_r = cfg.weight_lr * (cfg.weight_lr_decay**rnd.index if weighted else 1.0)
+        losses = {res.client: res["f"] for res in uploads.results}
+        lam = lambda_step(state.lam, losses, n, m, lr_r, int(cfg.local_steps or 0), cfg.weight_floor if weighted else 0.0)
+        return DRFAState(x=state.x, lam=lam)
+
+    def metrics(self, state: DRFAState, uploads: Uploads, rnd: Round) -> dict[str, Any]:
+        return {"max_client_weight": float(state.lam.max())}
+
+
+class DRFA(Algorithm[DRFAState]):
+    """Alg. 1: local SGD, the (lambda-)weighted mean of the models and of their snapshots at a
+    random step t', then the loss reports at the snapshot for lambda's step."""
+
+    config = DRFAConfig
+    client = staticmethod(drfa_client)
+    uploads = ("delta", "snapshot")
+    exact_sums = False
+    asynchrony_refusal = ("its clients report losses at the round's snapshot model after the model step: two client calls "
+                          "a round, where the asynchronous driver applies one call's arrivals")
+
+    def init(self) -> DRFAState:
+        n = self.fed.num_clients
+        lam0 = self.fed.client_weights(None, "samples") if self.cfg.variant == "weighted" else np.full(n, 1.0 / n)
+        return DRFAState(x=self.fed.initial_params(), lam=lam0)
+
+    def phases(self) -> list[Phase]:
+        return [self, LossReports(self)]
+
+    def cohort(self, state: DRFAState, round: int) -> list[int]:
+        ids, weights = training_clients(self.fed, self.cfg, state.lam, round)
+        self.sampled_weights = dict(zip(ids, weights, strict=True))
+        return ids
+
+    def snapshot_step(self, round: int) -> int:
+        """t', uniform in {1..tau}, from (seed, 'drfa.snapshot', round)."""
+        return int(numpy_rng(self.fed.seed, "drfa.snapshot", round).integers(1, int(self.cfg.local_steps or 0) + 1))
+
+    def payload(self, state: DRFAState, rnd: Round) -> dict[str, Any]:
+        cfg = self.cfg
+        return {"params": state.x, "lr": cfg.lr, "steps": int(cfg.local_steps or 0), "batch_size": cfg.batch_size,
+                "snapshot": self.snapshot_step(rnd.index)}
+
+    def weights(self, state: DRFAState, key: str, results: Sequence[Any], rnd: Round) -> np.ndarray:
+        return np.array([self.sampled_weights[res.client] for res in results])
+
+    def server_update(self, state: DRFAState, uploads: Uploads, rnd: Round) -> DRFAState:
+        """w_{s+1} = w_s + weighted mean delta; the snapshot w' = w_s + weighted mean of the
+        snapshots' deltas, for the loss reports."""
+        rnd.notes["snapshot"] = (state.x + uploads["snapshot"]).astype(np.float32)
+        return DRFAState(x=(state.x + uploads["delta"]).astype(np.float32), lam=state.lam)
+
+    def metrics(self, state: DRFAState, uploads: Uploads, rnd: Round) -> dict[str, Any]:
+        out: dict[str, Any] = {"num_updates": len(uploads)}
+        if uploads:
+            out.update(train_loss=float(np.sum(uploads.weights("delta") * uploads.values("loss"))),
+                       snapshot_step=self.snapshot_step(rnd.index))
+        return out
+
+    def evaluate(self, state: DRFAState, rnd: Round) -> dict[str, Any]:
+        m = super().evaluate(state, rnd)
+        if self.cfg.client_eval:
+            m.update(evaluate_clients(self.fed, state.x, rnd.index))
+        return m
+
+    def summary(self, state: DRFAState, metrics: dict[str, Any]) -> dict[str, Any]:
+        return {"final_params": state.x, "lambda": state.lam, **metrics}

@@ -11,6 +11,7 @@ always-on client (`server_as_client`)."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -19,16 +20,10 @@ import torch
 
 from rayfl.algorithms.local import LocalSchedule, local_sgd, local_sgd_batched, lr_sum
 from rayfl.algorithms.round_lr import RoundLRConfig, round_lr
-from rayfl.algorithms.rounds import (
-    ModelState,
-    check_finite,
-    clients_this_round,
-    evaluate_if_due,
-    round_metrics,
-)
 from rayfl.algorithms.server_client import ServerClient
-from rayfl.algorithms.server_opt import ServerOptimizerConfig, server_step
-from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
+from rayfl.algorithms.server_opt import ModelState, ServerOptimizerConfig, server_step
+from rayfl.config import AlgorithmConfig, ConfigError
+from rayfl.driver import Algorithm, Round, Uploads
 from rayfl.engine import ClientContext, Federation
 from rayfl.engine.balance import stateless
 from rayfl.engine.payload import broadcast_tensor
@@ -213,8 +208,7 @@ def scaffold_clients(ctxs: list[ClientContext], kwargs: list[dict[str, Any]]) ->
     return results
 
 
-# ---------------------------------------------------------------- server loops
-
+# ---------------------------------------------------------------- the algorithms
 
 
 def local_plan(
@@ -231,81 +225,83 @@ def local_plan(
     }
 
 
-def call_with_server(
-    fed: Federation, fn: Any, ids: list[int], cfg: FedAvgConfig, round: int, server: ServerClient | None,
-    keep: tuple[str, ...] = (), **payload: Any,
-) -> list[Any]:
-    """fed.call for the sampled clients, then (with `server_as_client`) the server's own
-    update on the driver, appended last. `keep`: outputs only ever summed (fed.weighted_sum)."""
-    common, per_client = local_plan(fed, cfg, ids, round)
-    kept: dict[str, Any] = {"keep": keep} if keep else {}  # only then: stand-in federations in tests need not know it
-    if keep and server is None and ids:  # the weights `update_weights` gives if every client is accepted
-        kept["expect_weights"] = {"delta": dict(zip(ids, fed.client_weights(ids, cfg.weighting).tolist(), strict=True))}
-    results: list[Any] = fed.call(ids, fn, round=round, per_client=per_client, **kept, **common, **payload)
-    if server is not None:
-        _, mine = local_plan(fed, cfg, [server.id], round)
-        schedule = mine[server.id] if mine is not None else common
-        results.append(server.run(fn, round, **schedule, **payload))
-    return results
+class FedAvg(Algorithm[ModelState]):
+    """FedAvg (McMahan et al. 2017, Alg. 1): local SGD from x, then
+    x <- x + server_lr * sum_k w_k delta_k, w_k by samples (n_k) or uniform; with a server
+    optimizer the step is FedAdam's on the pseudo-gradient -sum_k w_k delta_k (Reddi et al. 2021)."""
+
+    config = FedAvgConfig
+    client = staticmethod(fedavg_client)
+    uploads = ("delta",)
+
+    def setup(self) -> None:
+        self.server_client = ServerClient(self.fed) if getattr(self.cfg, "server_as_client", False) else None
+
+    def init(self) -> ModelState:
+        return ModelState(x=self.fed.initial_params())
+
+    prox_mu: float | None = 0.0  # FedProx's mu; None: the client function takes none
+
+    def payload(self, state: ModelState, rnd: Round) -> dict[str, Any]:
+        cfg = self.cfg
+        common, _ = local_plan(self.fed, cfg, [], rnd.index)
+        lr = round_lr(cfg.round_lr, cfg.lr, rnd.index, rnd.total)
+        out = {"params": state.x, "lr": lr, "weight_decay": cfg.weight_decay, **common}
+        if self.prox_mu is not None:
+            out["prox_mu"] = self.prox_mu
+        return out
+
+    def per_client(self, state: ModelState, rnd: Round, ids: list[int]) -> dict[int, dict[str, Any]] | None:
+        return local_plan(self.fed, self.cfg, ids, rnd.index)[1]
+
+    def weighting_of(self, key: str) -> str:
+        return self.cfg.weighting
+
+    def server_update(self, state: ModelState, uploads: Uploads, rnd: Round) -> ModelState:
+        """x + server_lr * delta (or FedAdam's step on -delta)."""
+        moments = copy.copy(state.moments)
+        x = server_step(state.x, uploads["delta"], self.cfg.server_lr, self.cfg.server_optimizer, moments)
+        return ModelState(x=x.astype(np.float32), moments=moments)
 
 
-def update_weights(fed: Federation, results: list[Any], kind: str, server: ServerClient | None) -> np.ndarray:
-    """Aggregation weights over `results`, by sample count or uniform, summing to 1."""
-    if server is None:
-        return fed.client_weights([res.client for res in results], kind)
-    w = np.array([res.num_samples for res in results], dtype=np.float64) if kind == "samples" else np.ones(len(results))
-    return w / w.sum()
+class FedProx(FedAvg):
+    """FedProx (Li et al. 2020, Alg. 2): FedAvg whose clients add mu/2 ||w - x||^2."""
+
+    config = FedProxConfig
+
+    @property
+    def prox_mu(self) -> float:  # type: ignore[override]
+        return self.cfg.mu
 
 
+class Scaffold(FedAvg):
+    """SCAFFOLD (Karimireddy et al. 2020, Alg. 1, option II): x <- x + server_lr * mean delta,
+    c <- c + |S|/N * mean delta_control (uniform), keeping c the mean of all N clients' c_i."""
 
+    config = ScaffoldConfig
+    client = staticmethod(scaffold_client)
+    uploads = ("delta", "delta_control")
+    prox_mu = None
 
+    def setup(self) -> None:
+        self.server_client = None  # made at start: its c_i lives in the server state
 
-def run_fedavg(fed: Federation, cfg: FedAvgConfig, run: RunConfig) -> dict[str, Any]:
-    """FedAvg and FedProx (prox_mu = cfg.mu for FedProx)."""
-    prox_mu = getattr(cfg, "mu", 0.0)
-    server = ServerClient(fed) if cfg.server_as_client else None
-    s = fed.track(ModelState(x=fed.initial_params()))
-    metrics: dict[str, Any] = {}
-    for r in fed.rounds(run.rounds):
-        ids = clients_this_round(fed, cfg, r)
-        results = call_with_server(
-            fed, fedavg_client, ids, cfg, r, server, keep=("delta",), params=s.x, lr=round_lr(cfg.round_lr, cfg.lr, r, run.rounds),
-            weight_decay=cfg.weight_decay, prox_mu=prox_mu,
-        )
-        metrics = {"num_updates": 0}
-        if results:  # late and failed clients are not in `results`: never applied
-            weights = update_weights(fed, results, cfg.weighting, server)
-            delta = fed.weighted_sum(results, "delta", weights)
-            moments = getattr(s, "moments", None)  # a checkpoint from before FedAdam has none (and is SGD)
-            s.x = server_step(s.x, delta, cfg.server_lr, cfg.server_optimizer, moments).astype(np.float32)
-            check_finite(s.x, r)
-            metrics = round_metrics(fed, results, weights)
-        metrics.update(evaluate_if_due(fed, s.x, r, run))
-        fed.log_round(r, **metrics)
-    return {"final_params": s.x, **metrics}
+    def init(self) -> ScaffoldState:
+        x0 = self.fed.initial_params()
+        return ScaffoldState(x=x0, control=np.zeros_like(x0))
 
+    def start(self, state: ScaffoldState) -> None:
+        if self.cfg.server_as_client:
+            self.server_client = ServerClient(self.fed, state.server_client)
 
-def run_scaffold(fed: Federation, cfg: ScaffoldConfig, run: RunConfig) -> dict[str, Any]:
-    x0 = fed.initial_params()
-    s = fed.track(ScaffoldState(x=x0, control=np.zeros_like(x0)))
-    server = ServerClient(fed, s.server_client) if cfg.server_as_client else None
-    num_clients = fed.num_clients + (server is not None)
-    metrics: dict[str, Any] = {}
-    for r in fed.rounds(run.rounds):
-        ids = clients_this_round(fed, cfg, r)
-        results = call_with_server(
-            fed, scaffold_client, ids, cfg, r, server, keep=("delta", "delta_control"), params=s.x,
-            control=s.control, lr=round_lr(cfg.round_lr, cfg.lr, r, run.rounds), weight_decay=cfg.weight_decay,
-        )
-        metrics = {"num_updates": 0}
-        if results:  # only accepted tasks: their clients' c_i, and nobody else's, moved
-            weights = update_weights(fed, results, cfg.weighting, server)
-            s.x = (s.x + cfg.server_lr * fed.weighted_sum(results, "delta", weights)).astype(np.float32)
-            uniform = np.full(len(results), 1.0 / len(results))
-            dc = fed.weighted_sum(results, "delta_control", uniform)
-            s.control = (s.control + len(results) / num_clients * dc).astype(np.float32)
-            check_finite(s.x, r)
-            metrics = round_metrics(fed, results, weights)
-        metrics.update(evaluate_if_due(fed, s.x, r, run))
-        fed.log_round(r, **metrics)
-    return {"final_params": s.x, **metrics}
+    def payload(self, state: ScaffoldState, rnd: Round) -> dict[str, Any]:
+        return {**super().payload(state, rnd), "control": state.control}
+
+    def weighting_of(self, key: str) -> str:
+        return "uniform" if key == "delta_control" else self.cfg.weighting
+
+    def server_update(self, state: ScaffoldState, uploads: Uploads, rnd: Round) -> ScaffoldState:
+        num_clients = self.fed.num_clients + (self.server_client is not None)
+        x = (state.x + self.cfg.server_lr * uploads["delta"]).astype(np.float32)
+        control = (state.control + len(uploads) / num_clients * uploads["delta_control"]).astype(np.float32)
+        return ScaffoldState(x=x, control=control, server_client=state.server_client)

@@ -9,21 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from rayfl.algorithms.fedavg import FedAvgConfig, call_with_server, fedavg_client, update_weights
-from rayfl.algorithms.personalized_eval import (
-    evaluate_personalized_if_due,
-    require_client_validation,
-)
-from rayfl.algorithms.rounds import (
-    ModelState,
-    check_finite,
-    clients_this_round,
-    round_metrics,
-)
-from rayfl.config import ConfigError, RunConfig
-from rayfl.engine import Federation
+from rayfl.algorithms.fedavg import FedAvg, FedAvgConfig
+from rayfl.algorithms.personalized_eval import evaluate_personalized, require_client_validation
+from rayfl.algorithms.server_opt import ModelState
+from rayfl.config import ConfigError
+from rayfl.driver import Round
 
 
 @dataclass
@@ -51,21 +41,18 @@ class FedAvgAdaptConfig(FedAvgConfig):
             raise ConfigError("algorithm.eval_adapt_lr", f"must be > 0 (or null: lr), got {self.eval_adapt_lr}")
 
 
-def run_fedavg_adapt(fed: Federation, cfg: FedAvgAdaptConfig, run: RunConfig) -> dict[str, Any]:
-    require_client_validation(fed)
-    adapt_lr = cfg.lr if cfg.eval_adapt_lr is None else cfg.eval_adapt_lr
-    s = fed.track(ModelState(x=fed.initial_params()))
-    metrics: dict[str, Any] = {}
-    for r in fed.rounds(run.rounds):
-        ids = clients_this_round(fed, cfg, r)
-        results = call_with_server(fed, fedavg_client, ids, cfg, r, None, keep=("delta",), params=s.x, lr=cfg.lr,
-                                   weight_decay=cfg.weight_decay)
-        metrics = {"num_updates": 0}
-        if results:
-            weights = update_weights(fed, results, cfg.weighting, None)
-            s.x = (s.x + cfg.server_lr * fed.weighted_sum(results, "delta", weights)).astype(np.float32)
-            check_finite(s.x, r)
-            metrics = round_metrics(fed, results, weights)
-        metrics.update(evaluate_personalized_if_due(fed, s.x, r, run, adapt_lr, cfg.eval_adapt_steps, cfg.batch_size))
-        fed.log_round(r, **metrics)
-    return {"final_params": s.x, **metrics}
+class FedAvgAdapt(FedAvg):
+    """FedAvg's training (the client sends no proximal weight); each client's model is
+    measured after `eval_adapt_steps` SGD steps."""
+
+    config = FedAvgAdaptConfig
+    prox_mu = None  # fedavg_client's default 0.0, not sent
+
+    def setup(self) -> None:
+        require_client_validation(self.fed)
+        super().setup()
+
+    def evaluate(self, state: ModelState, rnd: Round) -> dict[str, Any]:
+        cfg = self.cfg
+        adapt_lr = cfg.lr if cfg.eval_adapt_lr is None else cfg.eval_adapt_lr
+        return evaluate_personalized(self.fed, state.x, rnd.index, adapt_lr, cfg.eval_adapt_steps, cfg.batch_size)

@@ -22,11 +22,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rayfl.algorithms.base import eval_due
-from rayfl.algorithms.fedrzo_nn import FedRZOState, average, objective_metrics
-from rayfl.algorithms.rounds import check_finite, clients_this_round, evaluate_if_due
-from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
-from rayfl.engine import ClientContext, Federation
+from rayfl.algorithms.fedrzo_nn import FedRZOState, ModelAverage
+from rayfl.config import AlgorithmConfig, ConfigError
+from rayfl.driver import Round
+from rayfl.engine import ClientContext
 from rayfl.models.params import functional_logits
 
 BATCH_PURPOSE = "fedmspp.batch"
@@ -75,10 +74,11 @@ def minibatch_gradient(ctx: ClientContext, w: torch.Tensor, xb: torch.Tensor, yb
 def fedmspp_client(
     ctx: ClientContext, params: np.ndarray, steps: int, lr: float, prox_lr: float, batch_size: int, weight_decay: float = 0.0
 ) -> dict[str, Any]:
-    """H gradient steps on f_i(.; B_i) + ||x - x_r||^2 / (2 gamma_p) from x_r, one minibatch."""
+    """H gradient steps on f_i(.; B_i) + ||x - x_r||^2 / (2 gamma_p) from x_r, one minibatch;
+    uploads the change x_i - x_r."""
     anchor = torch.tensor(params, dtype=torch.float32, device=ctx.device)
     if ctx.num_samples == 0:
-        return {"x": params, "loss": float("nan")}
+        return {"delta": np.zeros_like(params), "loss": float("nan")}
     b = min(batch_size, ctx.num_samples)
     idx = torch.from_numpy(ctx.rng(BATCH_PURPOSE).choice(ctx.num_samples, size=b, replace=False))
     xb, yb = ctx.x[idx], ctx.y[idx]
@@ -88,24 +88,17 @@ def fedmspp_client(
         loss, g = minibatch_gradient(ctx, x, xb, yb, weight_decay)
         first = loss if t == 0 else first
         x = x - lr * (g + (x - anchor) / prox_lr)
-    return {"x": x.cpu().numpy(), "loss": first}
+    return {"delta": (x - anchor).cpu().numpy(), "loss": first}
 
 
-def run_fedmspp(fed: Federation, cfg: FedMSPPConfig, run: RunConfig) -> dict[str, Any]:
-    s = fed.track(FedRZOState(x=fed.initial_params()))
-    metrics: dict[str, Any] = {}
-    prox_lr = cfg.prox_lr if cfg.prox_lr is not None else cfg.lr
-    for r in fed.rounds(run.rounds):
-        ids = clients_this_round(fed, cfg, r)
-        results = fed.call(ids, fedmspp_client, round=r, params=s.x, steps=int(cfg.local_steps or 0), lr=cfg.lr,
-                           prox_lr=prox_lr, batch_size=cfg.batch_size, weight_decay=cfg.weight_decay)
-        metrics = {"num_updates": len(results)}
-        if results:
-            s.x = average(results, "x")
-            check_finite(s.x, r)
-            metrics["train_loss"] = float(np.nanmean([res["loss"] for res in results]))
-        if eval_due(r, run):
-            metrics.update(objective_metrics(fed, s.x, cfg.weight_decay))
-        metrics.update(evaluate_if_due(fed, s.x, r, run))
-        fed.log_round(r, **metrics)
-    return {"final_params": s.x, **metrics}
+class FedMSPP(ModelAverage):
+    """Every round each client's approximate proximal point on one minibatch; the average."""
+
+    config = FedMSPPConfig
+    client = staticmethod(fedmspp_client)
+
+    def payload(self, state: FedRZOState, rnd: Round) -> dict[str, Any]:
+        cfg = self.cfg
+        return {"params": state.x, "steps": int(cfg.local_steps or 0), "lr": cfg.lr,
+                "prox_lr": cfg.prox_lr if cfg.prox_lr is not None else cfg.lr, "batch_size": cfg.batch_size,
+                "weight_decay": cfg.weight_decay}

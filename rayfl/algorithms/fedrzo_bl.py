@@ -27,9 +27,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from rayfl.algorithms.base import eval_due
-from rayfl.algorithms.rounds import check_finite
 from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
+from rayfl.driver.rounds import check_finite, eval_due
 from rayfl.engine import ClientContext, ClientResult, Federation
 from rayfl.papers.fedrzo.problems import (
     PROBLEMS,

@@ -28,10 +28,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rayfl.algorithms.base import eval_due
-from rayfl.algorithms.rounds import check_finite, clients_this_round
-from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
-from rayfl.engine import ClientContext, ClientResult, Federation
+from rayfl.config import AlgorithmConfig, ConfigError
+from rayfl.driver import Algorithm, Round, Uploads
+from rayfl.driver.rounds import evaluate_global
+from rayfl.engine import ClientContext, Federation
 from rayfl.engine.federation import evaluate_arrays
 from rayfl.models.params import functional_logits
 from rayfl.zo.estimator import forward_difference_estimate, two_point_estimate
@@ -120,10 +120,11 @@ def fedrzo_nn_client(
     weight_decay: float = 0.0,
     estimator: str = "forward",
 ) -> dict[str, Any]:
-    """H local zeroth-order steps of client i from x_r; returns x_{i,H} (float32) and the mean
-    minibatch loss f~(x_{i,k}, xi_{i,k}) over the steps. v_{i,k} is a pure function of (run
+    """H local zeroth-order steps of client i from x_r; returns x_{i,H} - x_r (float32) and the
+    mean minibatch loss f~(x_{i,k}, xi_{i,k}) over the steps. v_{i,k} is a pure function of (run
     seed, round, client, step), so no two clients or steps share a direction."""
-    x = torch.tensor(params, dtype=torch.float64, device=ctx.device)
+    x0 = torch.tensor(params, dtype=torch.float64, device=ctx.device)
+    x = x0
     n = x.numel()
     origin = torch.zeros_like(x)
     losses: list[float] = []
@@ -146,7 +147,7 @@ def fedrzo_nn_client(
             x = x - lr * d
         ctx.work.steps += 1
         losses.append(f_here)
-    return {"x": x.to(torch.float32).cpu().numpy(), "loss": float(np.mean(losses)) if losses else float("nan")}
+    return {"delta": (x - x0).to(torch.float32).cpu().numpy(), "loss": float(np.mean(losses)) if losses else float("nan")}
 
 
 # ---------------------------------------------------------------- server (steps 1, 2, 8)
@@ -159,30 +160,55 @@ class FedRZOState:
     x: np.ndarray
 
 
-def run_fedrzo_nn(fed: Federation, cfg: FedRZONNConfig, run: RunConfig) -> dict[str, Any]:
-    s = fed.track(FedRZOState(x=fed.initial_params()))
-    metrics: dict[str, Any] = {}
-    for r in fed.rounds(run.rounds):
-        ids = clients_this_round(fed, cfg, r)
-        per_client = {c: {"steps": steps_of(fed, cfg, c, r), "constraint": constraint_of(cfg, c)} for c in ids}
-        results = fed.call(
-            ids, fedrzo_nn_client, round=r, per_client=per_client, params=s.x, lr=cfg.lr, eta=cfg.eta,
-            batch_size=cfg.batch_size, weight_decay=cfg.weight_decay, estimator=cfg.estimator,
-        )
-        metrics = {"num_updates": len(results)}
-        if results:
-            s.x = average(results, "x")
-            check_finite(s.x, r)
-            metrics.update(train_loss=float(np.nanmean([res["loss"] for res in results])),
-                           local_steps_mean=float(np.mean([res.local_steps for res in results])))
-        if eval_due(r, run):
-            metrics.update(objective_metrics(fed, s.x, cfg.weight_decay))
-            metrics.update(feasibility(fed, cfg, s.x))
-            test = fed.evaluate(s.x)
-            fed.log_eval(r, test)
-            metrics.update(test)
-        fed.log_round(r, **metrics)
-    return {"final_params": s.x, **metrics}
+class ModelAverage(Algorithm[FedRZOState]):
+    """What FedRZO_nn and its first-order baselines share: step 8's x_{r+1} = (1/m) sum_i
+    x_{i,H}, taken as x_r + the uniform mean of the clients' changes x_{i,H} - x_r (what the
+    round pipeline clips), and the paper's "average loss" at each evaluation."""
+
+    uploads = ("delta",)
+    weighting = "uniform"
+
+    def init(self) -> FedRZOState:
+        return FedRZOState(x=self.fed.initial_params())
+
+    def server_update(self, state: FedRZOState, uploads: Uploads, rnd: Round) -> FedRZOState:
+        return FedRZOState(x=(state.x + uploads["delta"]).astype(np.float32))
+
+    def metrics(self, state: FedRZOState, uploads: Uploads, rnd: Round) -> dict[str, Any]:
+        out: dict[str, Any] = {"num_updates": len(uploads)}
+        if uploads:
+            out["train_loss"] = float(np.nanmean(uploads.values("loss")))
+        return out
+
+    def evaluate(self, state: FedRZOState, rnd: Round) -> dict[str, Any]:
+        return {**objective_metrics(self.fed, state.x, self.cfg.weight_decay), **super().evaluate(state, rnd)}
+
+
+class FedRZONN(ModelAverage):
+    """Alg. 1: H_{i,r} zeroth-order projected steps per client, then the average."""
+
+    config = FedRZONNConfig
+    client = staticmethod(fedrzo_nn_client)
+
+    def payload(self, state: FedRZOState, rnd: Round) -> dict[str, Any]:
+        cfg = self.cfg
+        return {"params": state.x, "lr": cfg.lr, "eta": cfg.eta, "batch_size": cfg.batch_size,
+                "weight_decay": cfg.weight_decay, "estimator": cfg.estimator}
+
+    def per_client(self, state: FedRZOState, rnd: Round, ids: list[int]) -> dict[int, dict[str, Any]]:
+        return {c: {"steps": steps_of(self.fed, self.cfg, c, rnd.index), "constraint": constraint_of(self.cfg, c)} for c in ids}
+
+    def metrics(self, state: FedRZOState, uploads: Uploads, rnd: Round) -> dict[str, Any]:
+        out = super().metrics(state, uploads, rnd)
+        if uploads:
+            out["local_steps_mean"] = float(np.mean([res.local_steps for res in uploads.results]))
+        return out
+
+    def evaluate(self, state: FedRZOState, rnd: Round) -> dict[str, Any]:
+        out = objective_metrics(self.fed, state.x, self.cfg.weight_decay)
+        out.update(feasibility(self.fed, self.cfg, state.x))
+        out.update(evaluate_global(self.fed, state.x, rnd.index))
+        return out
 
 
 def steps_of(fed: Federation, cfg: FedRZONNConfig, client: int, round: int) -> int:
@@ -190,14 +216,6 @@ def steps_of(fed: Federation, cfg: FedRZONNConfig, client: int, round: int) -> i
     if cfg.local_schedule is not None:
         return local_steps(cfg.local_schedule, client, round, fed.seed)
     return int(cfg.local_steps or 0)
-
-
-def average(results: list[ClientResult], key: str) -> np.ndarray:
-    """(1/m) sum_i results[i][key], summed in client-id order in float64 (host-independent)."""
-    acc = np.zeros_like(results[0][key], dtype=np.float64)
-    for res in results:
-        acc += res[key].astype(np.float64)
-    return (acc / len(results)).astype(np.float32)
 
 
 def objective_metrics(fed: Federation, x: np.ndarray, weight_decay: float) -> dict[str, float]:

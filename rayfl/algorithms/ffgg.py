@@ -26,13 +26,13 @@ attack it; nothing here knows about it."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 
-from rayfl.algorithms.base import eval_due
 from rayfl.algorithms.finetune import (
     W_STATE,
     FineTune,
@@ -42,9 +42,9 @@ from rayfl.algorithms.finetune import (
     to_tensor,
 )
 from rayfl.algorithms.round_lr import RoundLRConfig, round_lr
-from rayfl.algorithms.rounds import check_finite, clients_this_round
 from rayfl.algorithms.server_opt import AdamMoments, ServerOptimizerConfig, server_step
-from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
+from rayfl.config import AlgorithmConfig, ConfigError
+from rayfl.driver import Algorithm, Round, Uploads
 from rayfl.engine import ClientContext, Federation
 
 
@@ -254,11 +254,6 @@ def check_solver(cfg: FFGGConfig, split: Split) -> None:
         raise ConfigError("algorithm.solver", f"{cfg.solver!r} solves quadratics only; use gd on networks")
 
 
-def mean_delta(fed: Federation, results: list[Any]) -> np.ndarray:
-    """Alg. 1 line 8: (1/n) sum_m Delta_m over the round's answers (ARAgg under `robust:`)."""
-    return fed.weighted_sum(results, "delta", [1.0 / len(results)] * len(results))
-
-
 def round_metrics(split: Split, theta: np.ndarray, results: list[Any]) -> dict[str, Any]:
     losses = [float(r["loss"]) for r in results]
     out: dict[str, Any] = {"num_updates": len(results), "train_loss": float(np.mean(losses)) if losses else float("nan")}
@@ -267,60 +262,82 @@ def round_metrics(split: Split, theta: np.ndarray, results: list[Any]) -> dict[s
     return out
 
 
-def run_ffgg(fed: Federation, cfg: FFGGConfig, run: RunConfig) -> dict[str, Any]:
-    """Alg. 1 (Alg. 5 under a `robust:` section)."""
-    split = server_split(fed, cfg)
-    check_solver(cfg, split)
-    gamma_theta, gamma_w = step_sizes(split, cfg)
-    tune = fine_tune_of(cfg, gamma_w)
-    s = fed.track(FFGGState(theta=split.theta0.copy()))
-    metrics: dict[str, Any] = {}
-    for r in fed.rounds(run.rounds):
-        ids = clients_this_round(fed, cfg, r)
-        results = fed.call(ids, ffgg_client, round=r, keep=("delta",), theta=s.theta, split=split.spec, tune=tune)
-        if results:
-            g = mean_delta(fed, results)
-            s.theta = (s.theta.astype(np.float64) - gamma_theta * g).astype(split.theta0.dtype)
-            check_finite(s.theta, r, "theta", "algorithm.server_lr")
-        metrics = round_metrics(split, s.theta, results)
-        metrics.update(evaluate_if_due(fed, split, s.theta, r, run))
-        fed.log_round(r, **metrics)
-    return {"final_params": s.theta, **metrics}
+class FFGG(Algorithm[FFGGState]):
+    """Alg. 1 (Alg. 5 under a `robust:` section): theta^{r+1} = theta^r - gamma_theta mean_m Delta_m."""
+
+    config = FFGGConfig
+    client = staticmethod(ffgg_client)
+    uploads = ("delta",)
+    weighting = "uniform"
+    diverged = ("theta", "algorithm.server_lr")
+
+    def setup(self) -> None:
+        self.split = server_split(self.fed, self.cfg)
+        check_solver(self.cfg, self.split)
+        self.gamma_theta, gamma_w = step_sizes(self.split, self.cfg)
+        self.tune = fine_tune_of(self.cfg, gamma_w)
+
+    def init(self) -> FFGGState:
+        return FFGGState(theta=self.split.theta0.copy())
+
+    def model_of(self, state: FFGGState) -> np.ndarray:
+        return state.theta
+
+    def payload(self, state: FFGGState, rnd: Round) -> dict[str, Any]:
+        return {"theta": state.theta, "split": self.split.spec, "tune": self.tune}
+
+    def step_size(self, uploads: Uploads) -> float:
+        """gamma_theta."""
+        return self.gamma_theta
+
+    def server_update(self, state: FFGGState, uploads: Uploads, rnd: Round) -> FFGGState:
+        """Alg. 1 line 8: theta - gamma_theta (1/n) sum_m Delta_m (ARAgg under `robust:`)."""
+        theta = state.theta.astype(np.float64) - self.step_size(uploads) * uploads["delta"]
+        return FFGGState(theta=theta.astype(self.split.theta0.dtype), moments=state.moments)
+
+    def metrics(self, state: FFGGState, uploads: Uploads, rnd: Round) -> dict[str, Any]:
+        return round_metrics(self.split, state.theta, uploads.results)
+
+    def evaluate(self, state: FFGGState, rnd: Round) -> dict[str, Any]:
+        return evaluate_personal(self.fed, self.split, state.theta, rnd.index)
 
 
-def run_local_ffgg(fed: Federation, cfg: LocalFFGGConfig, run: RunConfig) -> dict[str, Any]:
-    """Alg. 4."""
-    split = server_split(fed, cfg)
-    check_solver(cfg, split)
-    gamma_theta, gamma_w = step_sizes(split, cfg)
-    theta_lr = cfg.theta_lr or (1.0 / split.oracle.L if split.quadratic else cfg.lr)
-    server_lr = cfg.server_lr or 1.0
-    tune = fine_tune_of(cfg, gamma_w)
-    s = fed.track(FFGGState(theta=split.theta0.copy()))
-    metrics: dict[str, Any] = {}
-    for r in fed.rounds(run.rounds):
-        ids = clients_this_round(fed, cfg, r)
-        scale = round_lr(cfg.round_lr, 1.0, r, run.rounds)  # 1.0 (exactly) without a schedule
-        results = fed.call(
-            ids, local_ffgg_client, round=r, keep=("delta",), theta=s.theta, split=split.spec,
-            tune=replace(tune, lr=tune.lr * scale), theta_lr=theta_lr * scale, local_steps=cfg.local_steps,
-            local_epochs=cfg.local_epochs,
-        )
-        if results:
-            g = mean_delta(fed, results)  # the mean of Delta_m = theta^r - theta_m: -(mean delta)
-            moments = getattr(s, "moments", None)  # a checkpoint from before FedAdam has none (and is SGD)
-            s.theta = server_step(s.theta.astype(np.float64), -g, server_lr, cfg.server_optimizer, moments).astype(split.theta0.dtype)
-            check_finite(s.theta, r, "theta", "algorithm.server_lr")
-        metrics = round_metrics(split, s.theta, results)
-        metrics.update(evaluate_if_due(fed, split, s.theta, r, run))
-        fed.log_round(r, **metrics)
-    return {"final_params": s.theta, **metrics}
+class LocalFFGG(FFGG):
+    """Alg. 4: K alternating local (w, theta) steps; the server adds server_lr times the mean
+    model delta (or takes FedAdam's step on it); `round_lr` scales both client step sizes."""
+
+    config = LocalFFGGConfig
+    client = staticmethod(local_ffgg_client)
+
+    def setup(self) -> None:
+        super().setup()
+        cfg, split = self.cfg, self.split
+        self.theta_lr = cfg.theta_lr or (1.0 / split.oracle.L if split.quadratic else cfg.lr)
+        self.server_lr = cfg.server_lr or 1.0
+
+    def payload(self, state: FFGGState, rnd: Round) -> dict[str, Any]:
+        scale = round_lr(self.cfg.round_lr, 1.0, rnd.index, rnd.total)  # 1.0 (exactly) without a schedule
+        return {"theta": state.theta, "split": self.split.spec, "tune": replace(self.tune, lr=self.tune.lr * scale),
+                "theta_lr": self.theta_lr * scale, "local_steps": self.cfg.local_steps, "local_epochs": self.cfg.local_epochs}
+
+    def server_update(self, state: FFGGState, uploads: Uploads, rnd: Round) -> FFGGState:
+        """theta + server_lr * mean(theta_m - theta^r) (the mean Delta is its negative), or FedAdam."""
+        moments = copy.copy(state.moments)
+        theta = server_step(state.theta.astype(np.float64), -uploads["delta"], self.server_lr, self.cfg.server_optimizer,
+                            moments)
+        return FFGGState(theta=theta.astype(self.split.theta0.dtype), moments=moments)
 
 
-def evaluate_if_due(fed: Federation, split: Split, theta: np.ndarray, round: int, run: RunConfig) -> dict[str, float]:
+class BRFFGG(FFGG):
+    """Alg. 5: Alg. 1 over every client, its mean replaced by the job's robust aggregator."""
+
+    config = BRFFGGConfig
+
+
+def evaluate_personal(fed: Federation, split: Split, theta: np.ndarray, round: int) -> dict[str, float]:
     """Networks: the personalized models (global theta + each client's committed w) on the
     clients' own test splits, when the partition gives them some (partition.client_test)."""
-    if split.quadratic or not eval_due(round, run) or fed.dataset.client_test is None:
+    if split.quadratic or fed.dataset.client_test is None:
         return {}
     ids = [int(c) for c in fed.trainable_clients]
     res = fed.call(ids, personal_eval_client, round=round, phase="eval", timed=False, theta=theta, split=split.spec)

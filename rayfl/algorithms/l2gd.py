@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from rayfl.algorithms.finetune import QuadraticObjective, to_tensor
-from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
+from rayfl.config import AlgorithmConfig, ConfigError
+from rayfl.driver import Algorithm, Round, Uploads
 from rayfl.engine import ClientContext, Federation
 from rayfl.rng import numpy_rng
 
@@ -165,41 +166,6 @@ def metrics_of(oracle: Any, x: np.ndarray, d_theta: int, results: list[Any]) -> 
             **oracle.metrics(x[:d_theta])}
 
 
-def mean_of(results: list[Any], key: str) -> np.ndarray:
-    return np.mean(np.stack([np.asarray(r[key], dtype=np.float64) for r in results]), axis=0)
-
-
-def run_local_gd(fed: Federation, cfg: QuadraticBaselineConfig, run: RunConfig) -> dict[str, Any]:
-    oracle, d_theta = quadratic_setup(fed)
-    lr = cfg.fixed_lr or 1.0 / (oracle.L_f * cfg.tau)
-    s = fed.track(JointState(x=np.zeros(d_theta + oracle.d_w)))
-    metrics: dict[str, Any] = {}
-    for r in fed.rounds(run.rounds):
-        results = fed.call(list(fed.trainable_clients), local_gd_client, round=r, x=s.x, d_theta=d_theta, steps=cfg.tau, lr=lr)
-        if results:
-            s.x = s.x + mean_of(results, "delta")
-        metrics = metrics_of(oracle, s.x, d_theta, results)
-        fed.log_round(r, **metrics)
-    return {"final_params": s.x, **metrics}
-
-
-def run_scaffold_quadratic(fed: Federation, cfg: QuadraticScaffoldConfig, run: RunConfig) -> dict[str, Any]:
-    oracle, d_theta = quadratic_setup(fed)
-    lr = cfg.fixed_lr or 1.0 / (oracle.L_f * cfg.tau)
-    dim = d_theta + oracle.d_w
-    s = fed.track(JointState(x=np.zeros(dim), control=np.zeros(dim)))
-    metrics: dict[str, Any] = {}
-    for r in fed.rounds(run.rounds):
-        results = fed.call(list(fed.trainable_clients), scaffold_client, round=r, x=s.x, control=s.control,
-                           d_theta=d_theta, steps=cfg.tau, lr=lr, option=cfg.option)
-        if results:
-            s.x = s.x + cfg.server_lr * mean_of(results, "delta")
-            s.control = s.control + len(results) / fed.num_clients * mean_of(results, "delta_control")
-        metrics = metrics_of(oracle, s.x, d_theta, results)
-        fed.log_round(r, **metrics)
-    return {"final_params": s.x, **metrics}
-
-
 def l2gd_steps(cfg: L2GDConfig, num_clients: int, l_f: float) -> tuple[float, float, float]:
     """(p, local step alpha/(M(1-p)), averaging weight alpha lam/(M p))."""
     p = cfg.p or 1.0 / cfg.tau
@@ -207,19 +173,101 @@ def l2gd_steps(cfg: L2GDConfig, num_clients: int, l_f: float) -> tuple[float, fl
     return p, alpha / (num_clients * (1.0 - p)), alpha * cfg.lam / (num_clients * p)
 
 
-def run_l2gd(fed: Federation, cfg: L2GDConfig, run: RunConfig) -> dict[str, Any]:
-    oracle, d_theta = quadratic_setup(fed)
-    p, local_lr, mix = l2gd_steps(cfg, fed.num_clients, oracle.L_f)
-    if not 0 < mix <= 1:
-        raise ConfigError("algorithm.alpha", f"the averaging weight alpha lam / (M p) = {mix:g} must lie in (0, 1]")
-    s = fed.track(JointState(x=np.zeros(d_theta + oracle.d_w)))  # x: the last mean of the x_m
-    metrics: dict[str, Any] = {}
-    for r in fed.rounds(run.rounds):
-        steps = int(numpy_rng(fed.seed, "l2gd.xi", r).geometric(p)) - 1  # xi = 0 draws before the next xi = 1
-        results = fed.call(list(fed.trainable_clients), l2gd_client, round=r, mean=s.x if r > 0 else None,
-                           d_theta=d_theta, steps=steps, local_lr=local_lr, mix=mix)
-        if results:
-            s.x = mean_of(results, "x")
-        metrics = {**metrics_of(oracle, s.x, d_theta, results), "local_steps": steps}
-        fed.log_round(r, **metrics)
-    return {"final_params": s.x, **metrics}
+class QuadraticBaseline(Algorithm[JointState]):
+    """What the three baselines share: every client every round, uploads averaged in float64
+    in client order, and FFGG's measure ||F(theta)|| each round instead of a test set."""
+
+    weighting = "sum"  # plain sums, divided by the number of answers: the mean of Fig. 1's code
+    exact_sums = False
+
+    def setup(self) -> None:
+        self.oracle, self.d_theta = quadratic_setup(self.fed)
+        self.dim = self.d_theta + self.oracle.d_w
+
+    def cohort(self, state: JointState, round: int) -> list[int]:
+        return list(self.fed.trainable_clients)
+
+    def mean(self, uploads: Uploads, key: str) -> np.ndarray:
+        return uploads[key] / len(uploads)
+
+    def metrics(self, state: JointState, uploads: Uploads, rnd: Round) -> dict[str, Any]:
+        return metrics_of(self.oracle, state.x, self.d_theta, uploads.results)
+
+    def evaluate(self, state: JointState, rnd: Round) -> dict[str, Any]:
+        return {}
+
+
+class LocalGD(QuadraticBaseline):
+    """Local GD: x <- x + mean_m (x_m - x) after tau local steps, eta = 1/(L_f tau)."""
+
+    config = QuadraticBaselineConfig
+    client = staticmethod(local_gd_client)
+    uploads = ("delta",)
+
+    def setup(self) -> None:
+        super().setup()
+        self.lr = self.cfg.fixed_lr or 1.0 / (self.oracle.L_f * self.cfg.tau)
+
+    def init(self) -> JointState:
+        return JointState(x=np.zeros(self.dim))
+
+    def payload(self, state: JointState, rnd: Round) -> dict[str, Any]:
+        return {"x": state.x, "d_theta": self.d_theta, "steps": self.cfg.tau, "lr": self.lr}
+
+    def server_update(self, state: JointState, uploads: Uploads, rnd: Round) -> JointState:
+        return JointState(x=state.x + self.mean(uploads, "delta"), control=state.control)
+
+
+class ScaffoldQuadratic(LocalGD):
+    """SCAFFOLD with full participation: x <- x + eta_g mean(y - x), c <- c + mean(c_m+ - c_m)."""
+
+    config = QuadraticScaffoldConfig
+    client = staticmethod(scaffold_client)
+    uploads = ("delta", "delta_control")
+
+    def init(self) -> JointState:
+        return JointState(x=np.zeros(self.dim), control=np.zeros(self.dim))
+
+    def payload(self, state: JointState, rnd: Round) -> dict[str, Any]:
+        return {"x": state.x, "control": state.control, "d_theta": self.d_theta, "steps": self.cfg.tau, "lr": self.lr,
+                "option": self.cfg.option}
+
+    def server_update(self, state: JointState, uploads: Uploads, rnd: Round) -> JointState:
+        x = state.x + self.cfg.server_lr * self.mean(uploads, "delta")
+        control = state.control + len(uploads) / self.fed.num_clients * self.mean(uploads, "delta_control")
+        return JointState(x=x, control=control)
+
+
+class L2GD(QuadraticBaseline):
+    """L2GD: a Geometric number of local steps between averaging steps, each client's x_m kept
+    in its state; the server keeps the last mean of the x_m."""
+
+    config = L2GDConfig
+    client = staticmethod(l2gd_client)
+    uploads = ("x",)
+    pipeline_refusal = ("L2GD's clients upload their personal models x_m, not updates: a clip would bound the model, "
+                        "not a client's share of a step")
+    asynchrony_refusal = "L2GD's averaging step needs every client's personal model at once"
+
+    def setup(self) -> None:
+        super().setup()
+        self.p, self.local_lr, self.mix = l2gd_steps(self.cfg, self.fed.num_clients, self.oracle.L_f)
+        if not 0 < self.mix <= 1:
+            raise ConfigError("algorithm.alpha", f"the averaging weight alpha lam / (M p) = {self.mix:g} must lie in (0, 1]")
+
+    def init(self) -> JointState:
+        return JointState(x=np.zeros(self.dim))  # x: the last mean of the x_m
+
+    def local_steps(self, round: int) -> int:
+        """xi = 0 draws before the next xi = 1, from (seed, 'l2gd.xi', round)."""
+        return int(numpy_rng(self.fed.seed, "l2gd.xi", round).geometric(self.p)) - 1
+
+    def payload(self, state: JointState, rnd: Round) -> dict[str, Any]:
+        return {"mean": state.x if rnd.index > 0 else None, "d_theta": self.d_theta, "steps": self.local_steps(rnd.index),
+                "local_lr": self.local_lr, "mix": self.mix}
+
+    def server_update(self, state: JointState, uploads: Uploads, rnd: Round) -> JointState:
+        return JointState(x=self.mean(uploads, "x"), control=state.control)
+
+    def metrics(self, state: JointState, uploads: Uploads, rnd: Round) -> dict[str, Any]:
+        return {**super().metrics(state, uploads, rnd), "local_steps": self.local_steps(rnd.index)}

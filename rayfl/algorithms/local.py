@@ -44,6 +44,16 @@ class LocalSchedule:
     lr_offset: float | None = None
 
 
+def promised_samples(schedule: LocalSchedule, n: int) -> int:
+    """Gradient samples local SGD on `n` samples is certain to process: what lets the
+    asynchronous driver run tasks in parallel (rayfl.engine.asyncpool)."""
+    if n == 0:
+        return 0
+    if schedule.epochs is not None:
+        return schedule.epochs * n
+    return (schedule.steps or 0) * min(schedule.batch_size, n)
+
+
 def local_sgd(
     ctx: ClientContext,
     start: torch.Tensor,

@@ -23,8 +23,9 @@ import torch
 import torch.nn.functional as F
 
 from rayfl.algorithms.local import LocalSchedule
-from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
-from rayfl.engine import ClientContext, Federation
+from rayfl.config import AlgorithmConfig, ConfigError
+from rayfl.driver import Algorithm, Round, Uploads
+from rayfl.engine import ClientContext
 from rayfl.models.params import functional_logits
 from rayfl.models.personal import SCHEMES, personal_mask
 
@@ -123,29 +124,48 @@ def client_test_counts(ctx: ClientContext, w: torch.Tensor, excluded: tuple[int,
     return correct, count, loss_sum
 
 
-def run_local_finetune(fed: Federation, cfg: LocalFinetuneConfig, run: RunConfig) -> dict[str, Any]:
-    if fed.dataset.client_test is None:
-        raise ConfigError("partition.client_test", "local fine-tuning is judged on per-client test sets; set partition.client_test=proportional")
-    s = fed.track(FinetuneState(x=fed.initial_params()))
-    mask = personal_mask(fed.model, cfg.personal_scheme, tuple(cfg.personal_patterns))
-    ids = [c for c in range(fed.num_clients) if len(fed.dataset.client_test[c]) and len(fed.dataset.client_train[c])]
-    schedule = LocalSchedule(cfg.batch_size, cfg.local_epochs, cfg.local_steps)
-    metrics: dict[str, Any] = {}
-    for r in fed.rounds(1):
-        results = fed.call(
-            ids, finetune_client, round=r, params=s.x, mask=mask, lr=cfg.lr, schedule=schedule,
-            max_grad_norm=cfg.max_grad_norm, excluded=tuple(fed.dataset.excluded_targets),
-        )
-        for res in results:
+class LocalFinetune(Algorithm[FinetuneState]):
+    """One round: every client with train and test data fine-tunes from the initial model
+    and is measured before and after; nothing is uploaded but counts."""
+
+    config = LocalFinetuneConfig
+    client = staticmethod(finetune_client)
+    asynchrony_refusal = "local fine-tuning is one round of per-client work with no server step"
+
+    def setup(self) -> None:
+        fed, cfg = self.fed, self.cfg
+        if fed.dataset.client_test is None:
+            raise ConfigError("partition.client_test", "local fine-tuning is judged on per-client test sets; set partition.client_test=proportional")
+        self.mask = personal_mask(fed.model, cfg.personal_scheme, tuple(cfg.personal_patterns))
+        self.schedule = LocalSchedule(cfg.batch_size, cfg.local_epochs, cfg.local_steps)
+
+    def rounds(self) -> int:
+        return 1
+
+    def init(self) -> FinetuneState:
+        return FinetuneState(x=self.fed.initial_params())
+
+    def cohort(self, state: FinetuneState, round: int) -> list[int]:
+        ds = self.fed.dataset
+        return [c for c in range(self.fed.num_clients) if len(ds.client_test[c]) and len(ds.client_train[c])]
+
+    def payload(self, state: FinetuneState, rnd: Round) -> dict[str, Any]:
+        cfg = self.cfg
+        return {"params": state.x, "mask": self.mask, "lr": cfg.lr, "schedule": self.schedule,
+                "max_grad_norm": cfg.max_grad_norm, "excluded": tuple(self.fed.dataset.excluded_targets)}
+
+    def metrics(self, state: FinetuneState, uploads: Uploads, rnd: Round) -> dict[str, Any]:
+        """The pooled accuracy before and after; each client's own in `evals`."""
+        for res in uploads.results:
             n = max(res["count"], 1)
-            fed.log_eval(r, {
+            self.fed.log_eval(rnd.index, {
                 "test_accuracy": res["correct_after"] / n, "test_accuracy_before": res["correct_before"] / n,
                 "test_loss": res["loss_sum_after"] / n, "test_count": res["count"],
             }, client=res.client)
-        metrics = pooled_metrics(results)
-        metrics["personal_params"] = int(mask.sum())
-        fed.log_round(r, **metrics)
-    return {"final_params": s.x, **metrics}
+        return {**pooled_metrics(uploads.results), "personal_params": int(self.mask.sum())}
+
+    def evaluate(self, state: FinetuneState, rnd: Round) -> dict[str, Any]:
+        return {}
 
 
 def pooled_metrics(results: list[Any]) -> dict[str, float]:

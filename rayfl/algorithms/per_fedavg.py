@@ -26,19 +26,12 @@ import numpy as np
 import torch
 
 from rayfl.algorithms.maml import Batch, maml_gradient
-from rayfl.algorithms.personalized_eval import (
-    evaluate_personalized_if_due,
-    require_client_validation,
-)
-from rayfl.algorithms.rounds import (
-    ModelState,
-    check_finite,
-    clients_this_round,
-    round_metrics,
-    weighted_mean,
-)
-from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
-from rayfl.engine import ClientContext, Federation
+from rayfl.algorithms.personalized_eval import evaluate_personalized, require_client_validation
+from rayfl.algorithms.server_opt import ModelState
+from rayfl.config import AlgorithmConfig, ConfigError
+from rayfl.driver import Algorithm, Round, Uploads
+from rayfl.driver.parts import S
+from rayfl.engine import ClientContext
 
 
 @dataclass
@@ -145,22 +138,38 @@ def maml_payload(cfg: MAMLConfig) -> dict[str, Any]:
                 outer_batch_size=cfg.outer_batch_size, second_order=cfg.second_order)
 
 
-# ---------------------------------------------------------------- server loop
+# ---------------------------------------------------------------- server
 
 
-def run_per_fedavg(fed: Federation, cfg: PerFedAvgConfig, run: RunConfig) -> dict[str, Any]:
-    require_client_validation(fed)
-    s = fed.track(ModelState(x=fed.initial_params()))
-    metrics: dict[str, Any] = {}
-    for r in fed.rounds(run.rounds):
-        ids = clients_this_round(fed, cfg, r)
-        results = fed.call(ids, maml_client, round=r, params=s.x, **maml_payload(cfg))
-        metrics = {"num_updates": 0}
-        if results:  # late and failed clients are not in `results`: never applied
-            weights = fed.client_weights([res.client for res in results], cfg.weighting)
-            s.x = (s.x + weighted_mean(results, "delta", weights)).astype(np.float32)
-            check_finite(s.x, r)
-            metrics = round_metrics(fed, results, weights)
-        metrics.update(evaluate_personalized_if_due(fed, s.x, r, run, cfg.adapt_lr, cfg.eval_adapt_steps, cfg.batch_size))
-        fed.log_round(r, **metrics)
-    return {"final_params": s.x, **metrics}
+class MAML(Algorithm[S]):
+    """What the MAML-type methods share: MAML local steps, a weighted mean of the deltas
+    (float64, in client order), and each client measured after one adaptation step."""
+
+    client = staticmethod(maml_client)
+    uploads = ("delta",)
+    exact_sums = False
+
+    def setup(self) -> None:
+        require_client_validation(self.fed)
+
+    def weighting_of(self, key: str) -> str:
+        return self.cfg.weighting
+
+    def payload(self, state: Any, rnd: Round) -> dict[str, Any]:
+        return {"params": state.x, **maml_payload(self.cfg)}
+
+    def evaluate(self, state: Any, rnd: Round) -> dict[str, Any]:
+        cfg = self.cfg
+        return evaluate_personalized(self.fed, state.x, rnd.index, cfg.adapt_lr, cfg.eval_adapt_steps, cfg.batch_size)
+
+
+class PerFedAvg(MAML[ModelState]):
+    """Per-FedAvg: w_{s+1} = w_s + mean_i delta_i."""
+
+    config = PerFedAvgConfig
+
+    def init(self) -> ModelState:
+        return ModelState(x=self.fed.initial_params())
+
+    def server_update(self, state: ModelState, uploads: Uploads, rnd: Round) -> ModelState:
+        return ModelState(x=(state.x + uploads["delta"]).astype(np.float32), moments=state.moments)

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from rayfl.algorithms.base import eval_due
 from rayfl.algorithms.client_eval import evaluate_clients
-from rayfl.config import ConfigError, RunConfig
+from rayfl.config import ConfigError
+from rayfl.driver.rounds import evaluate_global
 from rayfl.engine import Federation
 
 PREFIX = "pers_"
@@ -33,24 +33,19 @@ def require_client_validation(fed: Federation) -> None:
         )
 
 
-def evaluate_personalized_if_due(
+def evaluate_personalized(
     fed: Federation,
     params: np.ndarray,
     round: int,
-    run: RunConfig,
     adapt_lr: float,
     adapt_steps: int = 1,
     batch_size: int = 32,
     state_key: str | None = None,
 ) -> dict[str, float]:
-    """Every `run.eval_every` rounds and after the last: the global model on the global test
-    set (as `rounds.evaluate_if_due`) and every client's personalized model (`adapt_steps`
-    SGD steps of `adapt_lr` on `batch_size` of its training samples, or its
+    """The global model on the global test set and every client's personalized model
+    (`adapt_steps` SGD steps of `adapt_lr` on `batch_size` of its training samples, or its
     `ctx.state[state_key]`) on its own train and validation split."""
-    if not eval_due(round, run):
-        return {}
-    m = fed.evaluate(params)
-    fed.log_eval(round, m)
+    m = evaluate_global(fed, params, round)
     m.update(evaluate_clients(fed, params, round, adapt_steps=adapt_steps, adapt_lr=adapt_lr,
                               adapt_batch_size=batch_size, state_key=state_key, prefix=PREFIX))
     return m

@@ -20,9 +20,10 @@ import torch
 from rayfl.algorithms.client_eval import evaluate_clients
 from rayfl.algorithms.kernels import CrossEntropyGrad
 from rayfl.algorithms.local import LocalSchedule, local_sgd
-from rayfl.algorithms.rounds import ModelState, check_finite, clients_this_round, evaluate_if_due
-from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
-from rayfl.engine import ClientContext, Federation
+from rayfl.algorithms.server_opt import ModelState
+from rayfl.config import AlgorithmConfig, ConfigError
+from rayfl.driver import Algorithm, Round, Uploads
+from rayfl.engine import ClientContext
 
 
 @dataclass
@@ -63,28 +64,43 @@ def qfedavg_client(ctx: ClientContext, params: np.ndarray, lr: float, q: float, 
     return {"delta_q": (fq * dw).numpy(), "h": h, "loss": loss, "f": f}
 
 
-def qfedavg_step(x: np.ndarray, deltas: list[np.ndarray], hs: list[float]) -> np.ndarray:
-    """w_{t+1} = w_t - sum_k Delta_k / sum_k h_k (sums in client-id order, float64)."""
-    total = np.zeros_like(x, dtype=np.float64)
-    for d in deltas:
-        total += d
+def qfedavg_step(x: np.ndarray, total: np.ndarray, hs: np.ndarray) -> np.ndarray:
+    """w_{t+1} = w_t - (sum_k Delta_k) / (sum_k h_k), in float64."""
     return (x.astype(np.float64) - total / float(np.sum(hs))).astype(np.float32)
 
 
-def run_qfedavg(fed: Federation, cfg: QFedAvgConfig, run: RunConfig) -> dict[str, Any]:
-    s = fed.track(ModelState(x=fed.initial_params()))
-    schedule = LocalSchedule(cfg.batch_size, cfg.local_epochs, cfg.local_steps)
-    metrics: dict[str, Any] = {}
-    for r in fed.rounds(run.rounds):
-        ids = clients_this_round(fed, cfg, r)
-        results = fed.call(ids, qfedavg_client, round=r, params=s.x, lr=cfg.lr, q=cfg.q, schedule=schedule)
-        metrics = {"num_updates": len(results)}
-        if results:
-            s.x = qfedavg_step(s.x, [res["delta_q"] for res in results], [res["h"] for res in results])
-            check_finite(s.x, r)
-            metrics.update(train_loss=float(np.mean([res["f"] for res in results])))
-        metrics.update(evaluate_if_due(fed, s.x, r, run))
-        if cfg.client_eval and "test_accuracy" in metrics:
-            metrics.update(evaluate_clients(fed, s.x, r))
-        fed.log_round(r, **metrics)
-    return {"final_params": s.x, **metrics}
+class QFedAvg(Algorithm[ModelState]):
+    """q-FedAvg's server: the plain sum of the Delta_k (float64, in client order) over the sum
+    of the h_k."""
+
+    config = QFedAvgConfig
+    client = staticmethod(qfedavg_client)
+    uploads = ("delta_q",)
+    weighting = "sum"
+    exact_sums = False
+    pipeline_refusal = ("q-FedAvg divides its step by sum_k h_k, scalars the clients report unclipped: no clip bounds "
+                        "one client's effect on the update")
+
+    def setup(self) -> None:
+        self.schedule = LocalSchedule(self.cfg.batch_size, self.cfg.local_epochs, self.cfg.local_steps)
+
+    def init(self) -> ModelState:
+        return ModelState(x=self.fed.initial_params())
+
+    def payload(self, state: ModelState, rnd: Round) -> dict[str, Any]:
+        return {"params": state.x, "lr": self.cfg.lr, "q": self.cfg.q, "schedule": self.schedule}
+
+    def server_update(self, state: ModelState, uploads: Uploads, rnd: Round) -> ModelState:
+        return ModelState(x=qfedavg_step(state.x, uploads["delta_q"], uploads.values("h")), moments=state.moments)
+
+    def metrics(self, state: ModelState, uploads: Uploads, rnd: Round) -> dict[str, Any]:
+        out: dict[str, Any] = {"num_updates": len(uploads)}
+        if uploads:
+            out["train_loss"] = float(np.mean(uploads.values("f")))
+        return out
+
+    def evaluate(self, state: ModelState, rnd: Round) -> dict[str, Any]:
+        m = super().evaluate(state, rnd)
+        if self.cfg.client_eval:
+            m.update(evaluate_clients(self.fed, state.x, rnd.index))
+        return m

@@ -22,12 +22,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from rayfl.algorithms.base import eval_due
 from rayfl.algorithms.fedmspp import minibatch_gradient
-from rayfl.algorithms.fedrzo_nn import FedRZOState, average, objective_metrics
-from rayfl.algorithms.rounds import check_finite, clients_this_round, evaluate_if_due
-from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
-from rayfl.engine import ClientContext, Federation
+from rayfl.algorithms.fedrzo_nn import FedRZOState, ModelAverage
+from rayfl.config import AlgorithmConfig, ConfigError
+from rayfl.driver import Round, Uploads
+from rayfl.engine import ClientContext
 from rayfl.rng import numpy_rng
 
 COIN_PURPOSE = "scaffnew.coin"
@@ -77,8 +76,10 @@ def scaffnew_client(
     weight_decay: float = 0.0,
 ) -> dict[str, Any]:
     """Finish h_i's update with the broadcast average (if the client has sent before), run
-    H_r local steps, and send w_i = x^_i - (gamma/p) h_i; x^_i and h_i stay in ctx.state."""
-    x = torch.tensor(params, dtype=torch.float32, device=ctx.device)
+    H_r local steps, and send w_i - x_r (w_i = x^_i - (gamma/p) h_i); x^_i and h_i stay in
+    ctx.state."""
+    start = torch.tensor(params, dtype=torch.float32, device=ctx.device)
+    x = start
     h = ctx.state.get("h")
     h = torch.zeros_like(x) if h is None else h.clone()
     if "x_hat" in ctx.state:
@@ -90,27 +91,29 @@ def scaffnew_client(
         losses.append(loss)
     ctx.state["h"] = h
     ctx.state["x_hat"] = x
-    return {"w": (x - (lr / p) * h).cpu().numpy(), "loss": float(np.mean(losses)) if losses else float("nan")}
+    return {"delta": (x - (lr / p) * h - start).cpu().numpy(), "loss": float(np.mean(losses)) if losses else float("nan")}
 
 
-def run_scaffnew(fed: Federation, cfg: ScaffnewConfig, run: RunConfig) -> dict[str, Any]:
-    s = fed.track(FedRZOState(x=fed.initial_params()))
-    p = cfg.probability()
-    metrics: dict[str, Any] = {}
-    for r in fed.rounds(run.rounds):
-        ids = clients_this_round(fed, cfg, r)
-        steps = coin_steps(fed.seed, r, p)
-        results = fed.call(ids, scaffnew_client, round=r, params=s.x, steps=steps, lr=cfg.lr, p=p,
-                           batch_size=cfg.batch_size, weight_decay=cfg.weight_decay)
-        metrics = {"num_updates": len(results), "local_steps_round": steps}
-        if len(results) != len(ids):
-            raise RuntimeError(f"Scaffnew lost {len(ids) - len(results)} client(s) in round {r}: their h_i would go stale")
-        if results:
-            s.x = average(results, "w")
-            check_finite(s.x, r)
-            metrics["train_loss"] = float(np.nanmean([res["loss"] for res in results]))
-        if eval_due(r, run):
-            metrics.update(objective_metrics(fed, s.x, cfg.weight_decay))
-        metrics.update(evaluate_if_due(fed, s.x, r, run))
-        fed.log_round(r, **metrics)
-    return {"final_params": s.x, **metrics}
+class Scaffnew(ModelAverage):
+    """A Geometric(p) number of local steps per communication, common to all clients; the
+    average of the w_i. Every client must answer: a missing one's h_i would go stale."""
+
+    config = ScaffnewConfig
+    client = staticmethod(scaffnew_client)
+    update_without_uploads = True
+    asynchrony_refusal = "Scaffnew's communication step averages every client's w_i at once (its h_i update needs it)"
+
+    def payload(self, state: FedRZOState, rnd: Round) -> dict[str, Any]:
+        cfg = self.cfg
+        return {"params": state.x, "steps": coin_steps(self.fed.seed, rnd.index, cfg.probability()), "lr": cfg.lr,
+                "p": cfg.probability(), "batch_size": cfg.batch_size, "weight_decay": cfg.weight_decay}
+
+    def server_update(self, state: FedRZOState, uploads: Uploads, rnd: Round) -> FedRZOState:
+        if len(uploads) != len(rnd.cohort):
+            raise RuntimeError(f"Scaffnew lost {len(rnd.cohort) - len(uploads)} client(s) in round {rnd.index}: "
+                               "their h_i would go stale")
+        return super().server_update(state, uploads, rnd) if uploads else state
+
+    def metrics(self, state: FedRZOState, uploads: Uploads, rnd: Round) -> dict[str, Any]:
+        return {**super().metrics(state, uploads, rnd),
+                "local_steps_round": coin_steps(self.fed.seed, rnd.index, self.cfg.probability())}

@@ -9,7 +9,7 @@ algorithm's tracked server state, so checkpoints carry them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -49,6 +49,14 @@ class AdamMoments:
     m: np.ndarray | None = None
     v: np.ndarray | None = None
     steps: int = 0
+
+
+@dataclass
+class ModelState:
+    """A server that carries one global model between rounds (and FedAdam's moments)."""
+
+    x: np.ndarray
+    moments: AdamMoments = field(default_factory=AdamMoments)
 
 
 def server_step(

@@ -17,19 +17,15 @@ p starts uniform. `weight_lr` is ComFedL's "client-weights lr" 0.08."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from rayfl.algorithms.per_fedavg import MAMLConfig, maml_client, maml_payload
-from rayfl.algorithms.personalized_eval import (
-    evaluate_personalized_if_due,
-    require_client_validation,
-)
-from rayfl.algorithms.rounds import check_finite, clients_this_round, round_metrics, weighted_mean
-from rayfl.config import ConfigError, RunConfig
-from rayfl.engine import ClientResult, Federation
+from rayfl.algorithms.per_fedavg import MAML, MAMLConfig
+from rayfl.config import ConfigError
+from rayfl.driver import Round, Uploads
 from rayfl.zo.projection import project_simplex_array as project_simplex
 
 
@@ -59,35 +55,41 @@ class TRMAMLState:
 
 
 
-def tr_maml_step(
-    x: np.ndarray, p: np.ndarray, results: list[ClientResult], num_sampled: int, cfg: TRMAMLConfig
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Steps 3 and 4 above: (new x, new p, the aggregation weights used)."""
-    ids = np.array([res.client for res in results], dtype=np.int64)
-    q = p[ids]
-    weights = q / q.sum() if q.sum() > 0 else np.full(len(ids), 1.0 / len(ids))
-    x_new = (x + weighted_mean(results, "delta", weights)).astype(np.float32)
+def task_weights(p: np.ndarray, clients: list[int]) -> np.ndarray:
+    """Step 3's relative weights p_i of the answering clients (uniform if they are all 0)."""
+    q = p[np.asarray(clients, dtype=np.int64)]
+    return q if q.sum() > 0 else np.ones(len(clients))
+
+
+def task_weight_step(p: np.ndarray, clients: list[int], losses: np.ndarray, num_sampled: int, lr: float, tau: int) -> np.ndarray:
+    """Step 4: v_i = (n / m) L_i for the answering clients (a non-finite L_i counts 0), 0
+    otherwise; p <- Proj_simplex(p + lr * tau * v)."""
     v = np.zeros(len(p), dtype=np.float64)
-    losses = np.array([res["adapted_loss"] for res in results], dtype=np.float64)
-    v[ids] = len(p) / num_sampled * np.where(np.isfinite(losses), losses, 0.0)
-    p_new = project_simplex(p + cfg.weight_lr * cfg.local_steps * v)
-    return x_new, p_new, weights
+    v[np.asarray(clients, dtype=np.int64)] = len(p) / num_sampled * np.where(np.isfinite(losses), losses, 0.0)
+    return project_simplex(p + lr * tau * v)
 
 
-def run_tr_maml(fed: Federation, cfg: TRMAMLConfig, run: RunConfig) -> dict[str, Any]:
-    require_client_validation(fed)
-    n = fed.num_clients
-    s = fed.track(TRMAMLState(x=fed.initial_params(), p=np.full(n, 1.0 / n)))
-    metrics: dict[str, Any] = {}
-    for r in fed.rounds(run.rounds):
-        ids = clients_this_round(fed, cfg, r)
-        results = fed.call(ids, maml_client, round=r, params=s.x, **maml_payload(cfg))
-        metrics = {"num_updates": 0}
-        if results:
-            s.x, s.p, weights = tr_maml_step(s.x, s.p, results, len(ids), cfg)
-            check_finite(s.x, r)
-            metrics = round_metrics(fed, results, weights)
-        metrics.update(p_max=float(s.p.max()), p_min=float(s.p.min()))
-        metrics.update(evaluate_personalized_if_due(fed, s.x, r, run, cfg.adapt_lr, cfg.eval_adapt_steps, cfg.batch_size))
-        fed.log_round(r, **metrics)
-    return {"final_params": s.x, "final_weights": s.p, **metrics}
+class TRMAML(MAML[TRMAMLState]):
+    """Federated TR-MAML: descent on sum_i p_i f_i, ascent of the task weights p."""
+
+    config = TRMAMLConfig
+
+    def init(self) -> TRMAMLState:
+        n = self.fed.num_clients
+        return TRMAMLState(x=self.fed.initial_params(), p=np.full(n, 1.0 / n))
+
+    def weights(self, state: Any, key: str, results: Sequence[Any], rnd: Round) -> np.ndarray:
+        return task_weights(state.p, [r.client for r in results])
+
+    def server_update(self, state: TRMAMLState, uploads: Uploads, rnd: Round) -> TRMAMLState:
+        """Steps 3 and 4."""
+        x = (state.x + uploads["delta"]).astype(np.float32)
+        p = task_weight_step(state.p, uploads.clients, uploads.values("adapted_loss"), len(rnd.cohort),
+                             self.cfg.weight_lr, self.cfg.local_steps)
+        return TRMAMLState(x=x, p=p)
+
+    def metrics(self, state: TRMAMLState, uploads: Uploads, rnd: Round) -> dict[str, Any]:
+        return {**super().metrics(state, uploads, rnd), "p_max": float(state.p.max()), "p_min": float(state.p.min())}
+
+    def summary(self, state: TRMAMLState, metrics: dict[str, Any]) -> dict[str, Any]:
+        return {**super().summary(state, metrics), "final_weights": state.p}

@@ -28,10 +28,10 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from rayfl.algorithms.base import eval_due
 from rayfl.algorithms.kernels import CrossEntropyGrad, linear_shape
-from rayfl.algorithms.rounds import check_finite, clients_this_round
-from rayfl.config import AlgorithmConfig, ConfigError, RunConfig
+from rayfl.config import AlgorithmConfig, ConfigError
+from rayfl.driver import Algorithm, Round, Uploads
+from rayfl.driver.rounds import evaluate_global
 from rayfl.engine import ClientContext, ClientResult, Federation
 from rayfl.engine.federation import evaluate_arrays
 from rayfl.engine.vectorized import batched
@@ -367,67 +367,100 @@ class ZOHFLState:
     penalty: PenaltyTracker
 
 
-def run_zo_hfl(fed: Federation, cfg: ZOHFLConfig, run: RunConfig) -> dict[str, Any]:
-    server = fed.server_data  # built once: the property copies the server's rows
-    kernel = CrossEntropyGrad(fed.model)
-    rho = fed.client_weights(None, "samples" if cfg.weights == "data_size" else "uniform")
-    s = fed.track(ZOHFLState(x=pretrain(initial_point(fed, cfg), server, kernel, cfg), penalty=PenaltyTracker(cfg.lam, rho)))
-    penalty = s.penalty
-    metrics: dict[str, Any] = {}
-    for r in fed.rounds(run.rounds):
-        sampled = clients_this_round(fed, cfg, r)
-        x32 = s.x.astype(np.float32)
-        estimates: list[tuple[int, np.ndarray]] = []
-        results: list[ClientResult] = []
-        if cfg.lam > 0:  # with lam = 0 nothing a client returns can move x: server-only SGD
-            results, directions = call_clients(fed, cfg, r, x32, sampled)
-            for res in results:
-                estimates.append((res.client, zo_estimate(res, x32, directions[res.client], cfg)))
-                penalty.update(res)
-        f1_loss, g1 = server_gradient(server, kernel, x32, cfg.server_batch_size, r)
-        w = aggregation_weights(rho, [c for c, _ in estimates], len(sampled), cfg.aggregation)
-        s.x, g_zo, gamma = server_step(s.x, r, g1, [est for _, est in estimates], w, cfg)
-        check_finite(s.x, r)
-        metrics = {
+class ZOHFL(Algorithm[ZOHFLState]):
+    """Alg. 1: the clients' paired lower-level solves at x_r +- eta v_{i,r}, then the server's
+    step on its own minibatch gradient of f1 plus the weighted two-point estimates."""
+
+    config = ZOHFLConfig
+    client = staticmethod(zo_hfl_client)
+    name = "zo_solves"
+    update_without_uploads = True  # with no answer (or lam = 0) the server still steps on f1
+    pipeline_refusal = ("ZO-HFL's clients upload lower-level solutions y+- whose penalty difference the server "
+                        "takes; no model-shaped update is summed")
+    asynchrony_refusal = "ZO-HFL forms each client's estimate against the round's x_r and its own direction v_{i,r}"
+
+    def setup(self) -> None:
+        fed, cfg = self.fed, self.cfg
+        self.server = fed.server_data  # built once: the property copies the server's rows
+        self.kernel = CrossEntropyGrad(fed.model)
+        self.rho = fed.client_weights(None, "samples" if cfg.weights == "data_size" else "uniform")
+
+    def init(self) -> ZOHFLState:
+        x0 = pretrain(initial_point(self.fed, self.cfg), self.server, self.kernel, self.cfg)
+        return ZOHFLState(x=x0, penalty=PenaltyTracker(self.cfg.lam, self.rho))
+
+    def clients(self, state: ZOHFLState | None, rnd: Round) -> list[int]:
+        """Lines 3-6's clients: the sampled ones (every client with `all_clients`); none with
+        lam = 0, where nothing a client returns can move x (server-only SGD)."""
+        if self.cfg.lam <= 0:
+            return []
+        return list(range(self.fed.num_clients)) if self.cfg.aggregation == "all_clients" else rnd.cohort
+
+    def directions(self, rnd: Round) -> dict[int, tuple[int, np.ndarray]]:
+        """Each called client's v_{i,r} (drawn once per round)."""
+        if "directions" not in rnd.notes:
+            called = self.clients(None, rnd)
+            rnd.notes["directions"] = client_directions(self.fed.seed, rnd.index, called, self.fed.num_params, self.cfg)
+        return rnd.notes["directions"]
+
+    def payload(self, state: ZOHFLState, rnd: Round) -> dict[str, Any]:
+        cfg = self.cfg
+        return {"params": state.x.astype(np.float32), "eta": cfg.eta, "lam": cfg.lam, "mu": cfg.mu, "lr": cfg.lr,
+                "lr_offset": cfg.lr_offset, "batch_size": cfg.batch_size, "constraint": cfg.constraint,
+                "randomness": cfg.randomness, "client_init": cfg.client_init, "upload": cfg.upload}
+
+    def per_client(self, state: ZOHFLState, rnd: Round, ids: list[int]) -> dict[int, dict[str, Any]]:
+        """H_{i,r} (0 for a client called but not sampled) and v_{i,r} or its seed."""
+        cfg, sampled, directions = self.cfg, set(rnd.cohort), self.directions(rnd)
+        out: dict[int, dict[str, Any]] = {}
+        for i in ids:
+            seed, v32 = directions[i]
+            out[i] = {"steps": local_steps(cfg.local_schedule, i, rnd.index, self.fed.seed) if i in sampled else 0}
+            out[i].update({"direction": v32} if cfg.send_direction == "vector" else {"direction_seed": seed})
+        return out
+
+    def server_update(self, state: ZOHFLState, uploads: Uploads, rnd: Round) -> ZOHFLState:
+        """Lines 7-8: g = grad f1~(x_r) + sum_i w_i g_i; x_{r+1} = x_r - gamma_r g."""
+        cfg = self.cfg
+        x32 = state.x.astype(np.float32)
+        directions = self.directions(rnd)
+        estimates = [zo_estimate(res, x32, directions[res.client][1].astype(np.float64), cfg) for res in uploads.results]
+        f1_loss, g1 = server_gradient(self.server, self.kernel, x32, cfg.server_batch_size, rnd.index)
+        w = aggregation_weights(self.rho, uploads.clients, len(rnd.cohort), cfg.aggregation)
+        x, g_zo, gamma = server_step(state.x, rnd.index, g1, estimates, w, cfg)
+        rnd.notes.update(server_loss=f1_loss, weights=w, zo_grad_norm=float(np.linalg.norm(g_zo)), gamma=gamma)
+        return ZOHFLState(x=x, penalty=state.penalty.updated(uploads.results))
+
+    def metrics(self, state: ZOHFLState, uploads: Uploads, rnd: Round) -> dict[str, Any]:
+        notes, results = rnd.notes, uploads.results
+        return {
             "num_updates": len(results),
-            "server_loss": f1_loss,
-            "train_loss": _mean_local_loss(results, w),
-            "zo_grad_norm": float(np.linalg.norm(g_zo)),
-            "server_lr": gamma,
+            "server_loss": notes["server_loss"],
+            "train_loss": _mean_local_loss(results, notes["weights"]),
+            "zo_grad_norm": notes["zo_grad_norm"],
+            "server_lr": notes["gamma"],
             "local_steps_mean": float(np.mean([res.local_steps for res in results])) if results else 0.0,
         }
-        if eval_due(r, run):
-            x_eval = s.x.astype(np.float32)
-            metrics.update(objective(fed, server, x_eval, penalty))
-            test = fed.evaluate(x_eval)
-            fed.log_eval(r, test)
-            metrics.update(test)
-        fed.log_round(r, **metrics)
-    return {"final_params": s.x.astype(np.float32), **metrics}
+
+    def evaluate(self, state: ZOHFLState, rnd: Round) -> dict[str, Any]:
+        x_eval = state.x.astype(np.float32)
+        out = objective(self.fed, self.server, x_eval, state.penalty)
+        out.update(evaluate_global(self.fed, x_eval, rnd.index))
+        return out
+
+    def summary(self, state: ZOHFLState, metrics: dict[str, Any]) -> dict[str, Any]:
+        return {"final_params": state.x.astype(np.float32), **metrics}
 
 
-def call_clients(
-    fed: Federation, cfg: ZOHFLConfig, r: int, x32: np.ndarray, sampled: list[int]
-) -> tuple[list[ClientResult], dict[int, np.ndarray]]:
-    """Lines 3-6: draw v_{i,r}, send x_r and v (or its seed), gather both solves' answers.
-    Returns the results and the float32-exact directions (as float64) the clients used."""
-    called = list(range(fed.num_clients)) if cfg.aggregation == "all_clients" else sampled
-    in_round = set(sampled)
-    d = x32.size
-    seeds = {i: direction_seed(fed.seed, r, SHARED_DIRECTION if cfg.directions == "shared" else i) for i in called}
+def client_directions(seed: int, round: int, clients: list[int], d: int, cfg: ZOHFLConfig) -> dict[int, tuple[int, np.ndarray]]:
+    """Line 3: each client's direction v_{i,r} (one shared v_r with `directions: shared`) as
+    (its seed, the float32 vector the client perturbs with), on the unit sphere or eta S."""
     radius = cfg.eta if cfg.direction_radius == "eta" else 1.0
-    v32 = {i: (radius * sphere_from_seed(s, d)).astype(np.float32) for i, s in seeds.items()}
-    per_client: dict[int, dict[str, Any]] = {}
-    for i in called:
-        per_client[i] = {"steps": local_steps(cfg.local_schedule, i, r, fed.seed) if i in in_round else 0}
-        per_client[i].update({"direction": v32[i]} if cfg.send_direction == "vector" else {"direction_seed": seeds[i]})
-    results = fed.call(
-        called, zo_hfl_client, round=r, per_client=per_client, phase="zo_solves",
-        params=x32, eta=cfg.eta, lam=cfg.lam, mu=cfg.mu, lr=cfg.lr, lr_offset=cfg.lr_offset,
-        batch_size=cfg.batch_size, constraint=cfg.constraint, randomness=cfg.randomness,
-        client_init=cfg.client_init, upload=cfg.upload,
-    )
-    return results, {i: v.astype(np.float64) for i, v in v32.items()}
+    out = {}
+    for i in clients:
+        s = direction_seed(seed, round, SHARED_DIRECTION if cfg.directions == "shared" else i)
+        out[i] = (s, (radius * sphere_from_seed(s, d)).astype(np.float32))
+    return out
 
 
 def zo_estimate(res: ClientResult, x32: np.ndarray, v: np.ndarray, cfg: ZOHFLConfig) -> np.ndarray:
@@ -505,11 +538,16 @@ class PenaltyTracker:
         self.y_bar: dict[int, np.ndarray] = {}
         self.gap: dict[int, float] = {}
 
-    def update(self, res: ClientResult) -> None:
-        if "y_plus" in res.values:
-            self.y_bar[res.client] = 0.5 * (res["y_plus"] + res["y_minus"])
-        else:
-            self.gap[res.client] = float(res["gap"])
+    def updated(self, results: list[ClientResult]) -> PenaltyTracker:
+        """A tracker with these answers' y_bar_i (or gaps) replacing their clients' last ones."""
+        out = PenaltyTracker(self.lam, self.rho)
+        out.y_bar, out.gap = dict(self.y_bar), dict(self.gap)
+        for res in results:
+            if "y_plus" in res.values:
+                out.y_bar[res.client] = 0.5 * (res["y_plus"] + res["y_minus"])
+            else:
+                out.gap[res.client] = float(res["gap"])
+        return out
 
     def value(self, x: np.ndarray) -> float:
         squared = {i: squared_distance(x, y) for i, y in self.y_bar.items()} | self.gap

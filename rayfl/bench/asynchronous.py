@@ -2,8 +2,11 @@
 
 1. Simulated time to a target accuracy for synchronous FedAvg, a deadline policy and FedBuff,
    with the same heavy-tailed (Pareto) device speeds over `clients` synthetic clients.
-2. Wall-clock seconds per 1,000 applied asynchronous updates (FedBuff, an MLP client task)
-   with 1 and with 2 ClientHosts: the ratio is the parallel speed-up of the exact async engine.
+2. Wall-clock seconds per 1,000 applied client updates of the same client work (an MLP, three
+   local epochs) with 1 and with 2 ClientHosts, asynchronously (FedBuff, concurrency 20,
+   buffer 10) and synchronously (FedAvg, 20 clients a round): the parallel speed-up of each
+   engine, and what the exact simulated-time order of the asynchronous engine costs over
+   synchronous rounds.
 Writes a JSON summary and a Parquet table of the runs."""
 
 from __future__ import annotations
@@ -47,6 +50,47 @@ def time_to_accuracy(evals: pd.DataFrame, target: float) -> float | None:
     return None if hit.empty else float(hit["sim_time"].iloc[0])
 
 
+def wall_seconds_per_1000(run_dir: Path) -> float:
+    """Wall seconds per 1,000 applied client updates, from the end of the first round (or
+    server step) to the end of the last: actor start-up and the first round's warm-up excluded."""
+    from rayfl.results import load
+
+    steps = load(run_dir).rounds.sort_values("round")
+    wall, applied = steps["wall_time"].to_numpy(), steps["num_updates"].to_numpy()
+    return 1000.0 * (wall[-1] - wall[0]) / max(1, applied[1:].sum())
+
+
+def wall_speeds(clients: int, updates: int, results_dir: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """`updates` client updates of the same work (WALL) on 1 and 2 hosts, asynchronously
+    (FedBuff) and in synchronous rounds (FedAvg, 20 clients a round), timed on the wall clock;
+    appends one row per run to `rows`."""
+    from rayfl.config import load_config
+    from rayfl.runner import run_experiment
+
+    per_step = {"async": 10, "sync": 20}  # updates per server step: FedBuff's buffer, FedAvg's cohort
+    policy = {"async": POLICIES["fedbuff"], "sync": POLICIES["sync"]}
+    wall: dict[str, dict[str, float]] = {"async": {}, "sync": {}}
+    for kind in ("async", "sync"):
+        steps = max(2, updates // per_step[kind])
+        for hosts in (1, 2):
+            cfg = load_config(None, [*COMMON, *policy[kind], *WALL, f"partition.num_clients={clients}",
+                                     f"run.rounds={steps}", f"run.eval_every={steps}", f"engine.num_hosts={hosts}",
+                                     f"output.dir={results_dir}", "run.experiment=bench_async",
+                                     f"run.run_id={kind}-hosts-{hosts}"])
+            per_1000 = wall_seconds_per_1000(run_experiment(cfg).run_dir)
+            wall[kind][f"{hosts}_hosts"] = round(per_1000, 3)
+            rows.append({"part": "wall" if kind == "async" else "sync_wall", "name": f"{hosts}_hosts",
+                         "wall_seconds_per_1000_updates": per_1000})
+    a, s = wall["async"], wall["sync"]
+    return {
+        "wall_seconds_per_1000_updates": a,
+        "sync_wall_seconds_per_1000_updates": s,
+        "parallel_speedup_2_vs_1_hosts": round(a["1_hosts"] / a["2_hosts"], 3),
+        "sync_parallel_speedup": round(s["1_hosts"] / s["2_hosts"], 3),
+        "async_over_sync_wall": {k: round(a[k] / s[k], 3) for k in a},
+    }
+
+
 def run_async_bench(clients: int, target: float, rounds: int, updates: int, out: Path) -> dict[str, Any]:
     from rayfl.config import load_config
     from rayfl.results import load
@@ -68,21 +112,7 @@ def run_async_bench(clients: int, target: float, rounds: int, updates: int, out:
         summary["policies"][name] = entry
         rows.append({"part": "policy", "name": name, **entry})
 
-    summary["wall_seconds_per_1000_updates"] = {}
-    for hosts in (1, 2):
-        cfg = load_config(None, [*COMMON, *POLICIES["fedbuff"], *WALL, f"partition.num_clients={clients}",
-                                 f"run.rounds={max(1, updates // 10)}", f"run.eval_every={max(1, updates // 10)}",
-                                 f"engine.num_hosts={hosts}", f"output.dir={results_dir}",
-                                 "run.experiment=bench_async", f"run.run_id=hosts-{hosts}"])
-        res = load(run_experiment(cfg).run_dir)
-        wall = res.rounds.sort_values("round")["wall_time"].to_numpy()
-        applied = res.rounds.sort_values("round")["num_updates"].to_numpy()
-        # from the end of the first server step to the last: excludes actor start-up
-        per_1000 = 1000.0 * (wall[-1] - wall[0]) / max(1, applied[1:].sum())
-        summary["wall_seconds_per_1000_updates"][f"{hosts}_hosts"] = round(float(per_1000), 3)
-        rows.append({"part": "wall", "name": f"{hosts}_hosts", "wall_seconds_per_1000_updates": per_1000})
-    w = summary["wall_seconds_per_1000_updates"]
-    summary["parallel_speedup_2_vs_1_hosts"] = round(w["1_hosts"] / w["2_hosts"], 3)
+    summary.update(wall_speeds(clients, updates, results_dir, rows))
     sync_t = summary["policies"]["sync"]["sim_seconds_to_target"]
     for name in ("deadline", "fedbuff"):
         t = summary["policies"][name]["sim_seconds_to_target"]

@@ -637,6 +637,8 @@ class Federation:
         values = [r.values[key] for r in results]
         if not values:
             raise ValueError("weighted_sum of no results")
+        if len(values) == 1:  # one term needs no grid: float64(v) * w, rounded once, on any host
+            return self._one_term(results[0], key, weights[0])
         exponent = common_exponent(weights, [max_abs(v) for v in values])
         shape = values[0].shape
         local = [(v, w) for v, w in zip(values, weights, strict=True) if not isinstance(v, KeptValue)]
@@ -663,6 +665,18 @@ class Federation:
             for part in partials:
                 total += part
         return to_float(total, exponent)
+
+    def _one_term(self, result: ClientResult, key: str, weight: float) -> np.ndarray:
+        """weight * result[key] in float64, the value fetched from its host if it kept it."""
+        value = result.values[key]
+        if not isinstance(value, KeptValue):
+            return np.multiply(value, weight, dtype=np.float64)
+        if self._kept_call is None or result.task not in self._kept_call.inputs:
+            raise RuntimeError(f"{key!r} of client {result.client} was kept on its host by an earlier call; "
+                               "call fed.weighted_sum before the next fed.call")
+        (total,), _ = self.on_hosts(lambda h: self.hosts[h].reduce.remote(key, {result.task: weight}, None), [result.host],
+                                    on_failure=self._rerun_kept)
+        return total
 
     def _rerun_kept(self, h: int) -> None:
         """Host `h` died holding kept outputs: rebuild its clients' states as of before the last

@@ -229,10 +229,14 @@ class ClientHostImpl:
                 out[key] = (exponent, mine, total.total)
         return out
 
-    def reduce(self, key: str, weights: Mapping[int, float], exponent: int) -> np.ndarray:
+    def reduce(self, key: str, weights: Mapping[int, float], exponent: int | None) -> np.ndarray:
         """sum over tasks of weight * kept[task][key] on the fixed-point grid 2**-exponent
-        (rayfl.engine.exact_sum): this host's exact share of a weighted sum."""
+        (rayfl.engine.exact_sum): this host's exact share of a weighted sum. Without an
+        exponent, the sum of one term: float64(v) * w, rounded once."""
         terms = [(self.kept[task].pop(key), w) for task, w in sorted(weights.items())]
+        if exponent is None:
+            ((value, weight),) = terms
+            return np.multiply(value, weight, dtype=np.float64)
         return fixed_point_sum(terms, exponent, terms[0][0].shape if terms else (0,))
 
     def _prepare(

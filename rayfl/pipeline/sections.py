@@ -138,10 +138,11 @@ def active(cfg: Any) -> list[str]:
     return on
 
 
-def check_pipeline(cfg: Any) -> None:
+def check_pipeline(cfg: Any, algorithm: Any = None) -> None:
     """Checks across sections, before anything runs: the algorithm must upload something
-    model-shaped; robust aggregation needs every update (no host pre-aggregation); some
-    combinations have no sound meaning and are refused."""
+    model-shaped and not refuse the sections; robust aggregation needs every update (no host
+    pre-aggregation); combinations without a sound meaning are refused, naming why.
+    `algorithm`: the parts-built class the config names (None: a hand-written loop)."""
     alg = cfg.algorithm
     plain = getattr(type(alg), "robust_variant_of", None)
     if plain is not None and not cfg.robust.robust_aggregator:
@@ -151,14 +152,16 @@ def check_pipeline(cfg: Any) -> None:
     if not sections:
         return
     first = sections[0]
-    uploads = tuple(getattr(type(alg), "uploads", ()))
-    if not uploads:
-        raise ConfigError(first, f"algorithm {alg.name!r} declares no model-shaped upload (`uploads` on its config class), "
-                                 "so the round pipeline cannot transform it; it works with fedavg, fedprox, scaffold, fedavg_adapt, ditto, "
-                                 "fedbuff, ffgg, local_ffgg, br_ffgg and any algorithm that declares `uploads`")
-    if cfg.privacy.on and getattr(type(alg), "asynchronous", False):
-        raise ConfigError("privacy", f"{alg.name} applies updates as they arrive, with no sampled cohort a privacy "
-                                     "accountant could assume; use a synchronous algorithm")
+    from rayfl.driver.checks import asynchrony_of
+
+    cls = algorithm
+    if cls is not None:
+        why = cls.refuses_pipeline(cfg, sections)
+        if why is not None:
+            raise ConfigError(first, f"{first} does not apply to {alg.name}: {why}")
+    elif not getattr(type(alg), "uploads", ()):
+        raise ConfigError(first, f"the server loop {alg.name!r} declares no model-shaped upload (`uploads` on its config "
+                                 "class), so the round pipeline cannot transform it")
     if getattr(alg, "server_as_client", False):
         raise ConfigError("algorithm.server_as_client", f"the server's own update would bypass {first}; set it to false")
     if cfg.robust.on:
@@ -166,12 +169,16 @@ def check_pipeline(cfg: Any) -> None:
     if cfg.robust.on and cfg.engine.preaggregate == "on":
         raise ConfigError("engine.preaggregate", "robust aggregation needs every client's update on the server; "
                                                  "set engine.preaggregate to auto or off")
-    if cfg.robust.on and cfg.privacy.on:
-        raise ConfigError("robust", "robust aggregation and differential privacy are not combined (the noise "
-                                    "calibration assumes a sum of clipped updates)")
-    if cfg.privacy.mode == "local" and cfg.compression.name != "none":
-        raise ConfigError("compression.name", "local DP adds dense noise to each upload; it is not combined with compression")
-    if cfg.privacy.on and alg.participation is None and alg.clients_per_round is None:
+    if cfg.robust.on and cfg.privacy.mode == "central":
+        raise ConfigError("robust", "a robust rule's output is not a sum of clipped updates, so noise calibrated to a "
+                                    "sum's sensitivity does not make it private; use privacy.mode: local (each client "
+                                    "noises its own upload, which the rule then only post-processes)")
+    settings = asynchrony_of(cfg, cls)
+    synchronous = settings is None
+    if cfg.robust.on and settings is not None and settings.buffer_size == 1:
+        raise ConfigError("robust", f"{alg.name} applies each arrival alone (a buffer of 1): a robust rule over one "
+                                    "update is that update; buffer several (asynchrony.buffer_size, or fedbuff)")
+    if cfg.privacy.on and synchronous and alg.participation is None and alg.clients_per_round is None:
         raise ConfigError("privacy", "needs a cohort size: set algorithm.clients_per_round or algorithm.participation")
     if cfg.privacy.on and cfg.privacy.sampling == "poisson" and cfg.system.policy == "over_selection":
         raise ConfigError("privacy.sampling", "over-selection draws a fixed number of clients; use sampling: fixed")

@@ -50,21 +50,37 @@ class RoundStats:
     norms: list[float] = field(default_factory=list)
 
 
+def asynchronous_buffer(cfg: Any) -> int | None:
+    """K, the arrivals each server step of an asynchronous run combines; None: synchronous."""
+    from rayfl.driver.checks import asynchrony_of
+    from rayfl.registry import algorithm_class
+
+    settings = asynchrony_of(cfg, algorithm_class(cfg))
+    return None if settings is None else int(settings.buffer_size)
+
+
 def cohort_size(cfg: Any, num_clients: int) -> int:
-    """The expected number of clients per round: clients_per_round, or participation * N."""
+    """The expected number of clients per round: clients_per_round, or participation * N;
+    asynchronously the buffer's K arrivals per server step."""
     alg = cfg.algorithm
+    buffer = asynchronous_buffer(cfg)
+    if buffer is not None:
+        return min(buffer, num_clients)
     if alg.participation is not None:
         return max(1, int(math.floor(alg.participation * num_clients + 0.5)))
     return min(int(alg.clients_per_round), num_clients)
 
 
 def mechanism(cfg: Any, num_clients: int, noise_multiplier: float) -> Mechanism:
-    """The privacy mechanism one round of this run is, as the accountant sees it."""
+    """The privacy mechanism one round of this run is, as the accountant sees it. An
+    asynchronous server step noises the sum of its buffer's clipped updates, each client in it
+    at most once (the dispatcher sees to it), and nobody was sampled at random: a Gaussian
+    mechanism of sensitivity C with no amplification (`all`), composed over the steps."""
     p = cfg.privacy
     cohort = cohort_size(cfg, num_clients)
     if p.mode == "local":
         sampling = "local"
-    elif cohort >= num_clients:
+    elif cohort >= num_clients or asynchronous_buffer(cfg) is not None:
         sampling = "all"
     else:
         sampling = p.sampling
@@ -117,6 +133,7 @@ class RoundPipeline:
         self.keys: tuple[str, ...] = ()
         self.round = 0  # the server round in progress (its random streams); the Federation sets it
         self.cohort = cohort_size(cfg, self.num_clients)
+        self.asynchronous = asynchronous_buffer(cfg) is not None
         self.z = self.delta = self.planned_epsilon = 0.0
         self._epsilons: dict[int, float] = {}
         self._asked: set[int] = set()  # local DP: the clients asked for an upload this round
@@ -143,7 +160,9 @@ class RoundPipeline:
         out: dict[str, Any] = {"sections": active(self.cfg)}
         if self.privacy is not None:
             out.update(noise_multiplier=self.z, delta=self.delta, planned_epsilon=self.planned_epsilon,
-                       cohort=self.cohort, sampling=self.mechanism.sampling, weighting="uniform over the expected cohort")
+                       cohort=self.cohort, sampling=self.mechanism.sampling, weighting="uniform over the expected cohort",
+                       **({"asynchronous": "each server step noises its buffer's clipped sum; no amplification by "
+                                           "sampling is assumed"} if self.asynchronous else {}))
         if self.byzantine is not None:
             out["byzantine"] = sorted(self.byzantine.byzantine)
         return out

@@ -53,11 +53,13 @@ class UploadSpec:
 @dataclass
 class UploadInfo:
     """What the transform did to one answer: its norm before clipping, whether it was clipped,
-    and the bytes it takes on the wire."""
+    its norm after clipping (measured on the arrays sent, before any local noise), and the
+    bytes it takes on the wire."""
 
     norm: float | None
     clipped: bool | None
     bytes_up: int
+    clipped_norm: float | None = None
 
     def row(self) -> dict[str, Any]:
         """The `clients` columns it adds."""
@@ -65,6 +67,7 @@ class UploadInfo:
         if self.norm is not None:
             out["update_norm"] = self.norm
             out["clipped"] = bool(self.clipped)
+            out["clipped_norm"] = self.clipped_norm
         return out
 
 
@@ -72,34 +75,61 @@ def transform_upload(
     values: dict[str, Any], state: dict[str, Any], spec: UploadSpec, client: int, round: int, seed: int
 ) -> tuple[dict[str, Any], UploadInfo]:
     """`values` as the client sends them (a new dict; arrays not transformed are shared), with
-    the error-feedback residuals updated in `state` (the task's private copy)."""
+    the error-feedback residuals updated in `state` (the task's private copy).
+
+    Compression, then clipping: the clip bounds what is sent. Under local DP the order is
+    clip, noise, then compression: the codec only post-processes the private vector, and the
+    residual error feedback keeps is a function of private vectors alone."""
     out = dict(values)
     keys = [k for k in spec.keys if isinstance(out.get(k), np.ndarray)]
+    compressing = spec.compression is not None and spec.compression.name != "none"
     encoded: dict[str, int] = {}
-    if spec.compression is not None and spec.compression.name != "none":
-        for key in keys:
-            rng = numpy_rng(seed, f"compression.{key}", round, client)
-            shape = out[key].shape
-            sent, residual = with_error_feedback(out[key].ravel(), _residual(state, key), spec.compression, rng)
-            out[key] = sent.values.reshape(shape)
-            encoded[key] = sent.nbytes
-            if residual is not None:
-                state[RESIDUAL + key] = residual
-    norm = clipped = None
+    if compressing and spec.local_noise_std == 0:
+        encoded = _compress(out, keys, state, spec, client, round, seed)
+    norm = clipped = after = None
     if spec.clip is not None and keys:
         norm = joint_norm([out[k] for k in keys])
         clipped = norm > spec.clip
+        after = norm
         if clipped:
-            factor = spec.clip / norm
-            for key in keys:
-                out[key] = (out[key].astype(np.float64) * factor).astype(out[key].dtype)
+            after = scale_to(out, keys, spec.clip / norm)
+            if after > spec.clip:  # the cast back to float32 rounded it a hair over: the bound must hold
+                eps = max(float(np.finfo(out[k].dtype).eps) for k in keys)
+                after = scale_to(out, keys, spec.clip / after * (1.0 - 4.0 * eps))
     if spec.local_noise_std > 0:
         for key in keys:
             rng = numpy_rng(seed, f"privacy.local.{key}", round, client)
             noise = rng.normal(0.0, spec.local_noise_std, size=out[key].shape)
             out[key] = (out[key].astype(np.float64) + noise).astype(out[key].dtype)
+        if compressing:
+            encoded = _compress(out, keys, state, spec, client, round, seed)
     others = {k: v for k, v in out.items() if k not in encoded}
-    return out, UploadInfo(None if norm is None else float(norm), clipped, payload_nbytes(others) + sum(encoded.values()))
+    bytes_up = payload_nbytes(others) + sum(encoded.values())
+    return out, UploadInfo(None if norm is None else float(norm), clipped, bytes_up, None if after is None else float(after))
+
+
+def _compress(out: dict[str, Any], keys: list[str], state: dict[str, Any], spec: UploadSpec, client: int, round: int,
+              seed: int) -> dict[str, int]:
+    """Encode each key in place (with error feedback's residual in `state`); its wire bytes."""
+    assert spec.compression is not None
+    encoded: dict[str, int] = {}
+    for key in keys:
+        rng = numpy_rng(seed, f"compression.{key}", round, client)
+        shape = out[key].shape
+        sent, residual = with_error_feedback(out[key].ravel(), _residual(state, key), spec.compression, rng)
+        out[key] = sent.values.reshape(shape)
+        encoded[key] = sent.nbytes
+        if residual is not None:
+            state[RESIDUAL + key] = residual
+    return encoded
+
+
+def scale_to(out: dict[str, Any], keys: list[str], factor: float) -> float:
+    """Multiply the arrays of `keys` by `factor` (in float64, back to their dtype); their joint
+    norm after."""
+    for key in keys:
+        out[key] = (out[key].astype(np.float64) * factor).astype(out[key].dtype)
+    return joint_norm([out[k] for k in keys])
 
 
 def joint_norm(arrays: list[np.ndarray]) -> float:
