@@ -195,6 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     asyn.add_argument("--target", type=float, default=0.6, help="test accuracy to reach")
     asyn.add_argument("--rounds", type=int, default=100, help="sync rounds (FedBuff gets twice as many steps)")
     asyn.add_argument("--updates", type=int, default=1000, help="applied async updates for the wall-clock part")
+    asyn.add_argument("--vectorize", type=_vectorize_list, default=["auto"],
+                      help="engine.vectorize modes for the wall-clock part, comma-separated (e.g. auto,off)")
     asyn.add_argument("--out", default="bench/async.json")
     zo = bsub.add_parser("zo", help="wall seconds of a ZO-HFL round vs FedAvg with the same local steps (10 clients, tau 20)")
     zo.add_argument("--rounds", type=int, default=6, help="rounds per run (the first and last are not timed)")
@@ -235,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
         fa.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override for every rayfl run (not the loop), e.g. --set engine.channels_last=off to "
                         "time a setting against its default; repeatable")
+        fa.add_argument("--algorithm", dest="algorithms", action="append", default=[], metavar="NAME[,KEY=VALUE...]",
+                        help="also time this algorithm (a name or import path, with its own overrides) beside the "
+                        "workload's, in the same invocation, e.g. myfl.fedavgm:FedAvgM,algorithm.beta=0; repeatable")
         fa.add_argument("--out", default=f"bench/{workload}.json")
     return p
 
@@ -269,8 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         # a RunInterrupted (a stop was asked for) exists only once the engine is imported:
         # looked up here, it spares commands that run nothing (`report`) torch's import
-        engine = sys.modules.get("rayfl.engine.federation")
-        if engine is None or not isinstance(e, engine.RunInterrupted):
+        runlog = sys.modules.get("rayfl.engine.runlog")
+        if runlog is None or not isinstance(e, runlog.RunInterrupted):
             raise
         print(f"rayfl: {e}", file=sys.stderr)
         return 130
@@ -576,12 +581,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     elif args.bench == "async":
         from rayfl.bench.asynchronous import run_async_bench
 
-        result = run_async_bench(args.clients, args.target, args.rounds, args.updates, Path(args.out))
+        result = run_async_bench(args.clients, args.target, args.rounds, args.updates, Path(args.out),
+                                 tuple(args.vectorize))
     else:  # a workload against the plain loop (rayfl.bench.workloads)
         from rayfl.bench.fedavg import run_fedavg_bench
 
         result = run_fedavg_bench(args.bench, args.rounds, Path(args.out), args.hosts, args.vectorize, args.loop_threads or None,
-                                  args.preaggregate, args.device, args.repeat, args.overrides)
+                                  args.preaggregate, args.device, args.repeat, args.overrides, args.algorithms)
     print(json.dumps(result, indent=2))
     return 0
 

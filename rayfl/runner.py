@@ -29,11 +29,12 @@ from rayfl.driver import drive
 from rayfl.engine import Federation
 from rayfl.engine.checkpoint import Checkpoint, load_checkpoint
 from rayfl.engine.local_ray import discard_head, start_local_ray, stop_ray, unreachable
+from rayfl.engine.placement import Placement
 from rayfl.engine.resources import check_cluster, check_local_cluster
 from rayfl.progress import mark
 from rayfl.registry import Plugins, add_root
 from rayfl.results import RunWriter
-from rayfl.results.storage import Location, RunDir, is_uri, write_atomically
+from rayfl.results.storage import Location, RunDir, is_uri, run_manifest, write_atomically
 
 ProgressFn = Callable[[dict[str, Any]], None]
 
@@ -218,13 +219,13 @@ def run_experiment(
             "cwd": os.getcwd(),  # where relative paths in the config were meant (for resume)
             "ray": {"address": ray.get_runtime_context().gcs_address, "resources": ray.cluster_resources()},
         }
-        check_cluster(cfg.engine, dataset.num_clients)  # before a run directory exists
+        placement = check_cluster(cfg.engine, dataset.num_clients)  # before a run directory exists
         writer = RunWriter(
             cfg.output.dir, cfg.run.experiment, run_id, manifest, overwrite=cfg.output.overwrite, **cfg.output.writer_options()
         )
         if handed_in:
             write_atomically(Location.parse(writer.run_dir).child(STORED_FILE), dataset_bytes(dataset))
-        return _execute(cfg, dataset, writer, None, progress, on_start, callbacks)
+        return _execute(cfg, dataset, placement, writer, None, progress, on_start, callbacks)
     finally:
         if started_ray:
             stop_ray()
@@ -256,9 +257,9 @@ def resume_experiment(
     check_before_ray(cfg, dataset.num_clients)
     started_ray = init_ray(cfg)
     try:
-        check_cluster(cfg.engine, dataset.num_clients)
+        placement = check_cluster(cfg.engine, dataset.num_clients)
         writer = RunWriter.reopen(location.name, ckpt.parts if ckpt is not None else {}, **cfg.output.writer_options())
-        return _execute(cfg, dataset, writer, ckpt, progress, on_start, callbacks)
+        return _execute(cfg, dataset, placement, writer, ckpt, progress, on_start, callbacks)
     finally:
         if started_ray:
             stop_ray()
@@ -273,21 +274,10 @@ def resume_target(run_dir: str | Path) -> int:
         raise ConfigError("run_dir", f"{location}'s manifest names no run.rounds ({e})") from e
 
 
-def run_manifest(run_dir: str | Path) -> tuple[Location, dict[str, Any]]:
-    """A run directory and its manifest, or a ConfigError naming the directory."""
-    location = Location.parse(run_dir)
-    manifest_at = location.child("manifest.json")
-    if not manifest_at.is_file():
-        raise ConfigError("run_dir", f"{location} holds no run (no manifest.json)")
-    try:
-        return location, json.loads(manifest_at.read_bytes())
-    except (OSError, ValueError) as e:
-        raise ConfigError("run_dir", f"{location} holds no readable run manifest ({e})") from e
-
-
 def _execute(
     cfg: Config,
     dataset: FederatedDataset,
+    placement: Placement,
     writer: RunWriter,
     resume: Checkpoint | None,
     progress: ProgressFn | None,
@@ -306,7 +296,8 @@ def _execute(
         with writer, StopSignals() as stop:
             mark("writer_open")
             try:
-                fed = Federation(cfg, dataset, writer=writer, progress=progress, resume=resume, callbacks=callbacks)
+                fed = Federation(cfg, dataset, writer=writer, progress=progress, resume=resume, callbacks=callbacks,
+                                 placement=placement)
             except ConfigError:  # bad input the hosts found at their start: the run never began
                 if resume is None:
                     writer.discard()
@@ -314,7 +305,7 @@ def _execute(
             mark("hosts_ready")
             stop.federation = fed
             writer.update_manifest(
-                placement={"num_hosts": fed.placement.num_hosts, "hosts": fed.host_info},
+                placement={"num_hosts": fed.placement.num_hosts, "hosts": fed.hosts.info},
                 num_params=fed.num_params,
                 **({"pipeline": fed.pipeline.manifest()} if fed.pipeline is not None else {}),
             )
@@ -327,13 +318,13 @@ def _execute(
             summary = {k: v for k, v in summary.items() if k != "final_params"}
             summary.update(
                 sim_time=fed.now, wall_seconds=time.perf_counter() - t0, tasks_issued=fed.tasks_issued,
-                tasks_discarded=fed.tasks_discarded, host_failures=fed.host_failures,
+                tasks_discarded=fed.tasks_discarded, host_failures=fed.hosts.failures,
             )
-            if fed.stopped_early is not None:
-                summary["stopped_early"] = fed.stopped_early
+            if fed.runlog.stopped_early is not None:
+                summary["stopped_early"] = fed.runlog.stopped_early
             mark("rounds_done")
             writer.close("completed", summary=summary)
-            status = "completed" if fed.stopped_early is None else "stopped_early"
+            status = "completed" if fed.runlog.stopped_early is None else "stopped_early"
             mark("writer_closed")
             return RunOutcome(writer.run_dir, summary, time.perf_counter() - t0, final_params, cfg, dataset)
     except KeyboardInterrupt:  # a stop asked for (RunInterrupted) or Ctrl-C twice
@@ -343,7 +334,7 @@ def _execute(
         if fed is not None:
             fed.shutdown()
             mark("hosts_stopped")
-            fed.callbacks.end(status)
+            fed.runlog.callbacks.end(status)
 
 
 class StopSignals:
@@ -365,9 +356,9 @@ class StopSignals:
 
     def _handle(self, signum: int, frame: Any) -> None:
         fed = self.federation
-        if fed is None or fed.stop_requested:
+        if fed is None or fed.runlog.stop_requested:
             raise KeyboardInterrupt(f"signal {signum}")
-        fed.stop_requested = True
+        fed.runlog.stop_requested = True
         print(
             f"rayfl: {signal.Signals(signum).name}: stopping after this round with a checkpoint "
             "(send it again to stop at once)",

@@ -321,7 +321,7 @@ def run_trial(config: dict[str, Any]) -> None:
     from ray import tune
 
     from rayfl.engine.checkpoint import load_checkpoint
-    from rayfl.engine.federation import RunInterrupted
+    from rayfl.engine.runlog import RunInterrupted
     from rayfl.runner import resume_experiment, run_experiment
 
     _done.clear()
@@ -348,15 +348,15 @@ def run_trial(config: dict[str, Any]) -> None:
                 if int(row.get("round", -1)) + 1 >= cfg.run.rounds:
                     return  # the last round (a scheduler's max_t): the run completes anyway
                 stopped[0] = True
-                fed = fed_ref[0]
-                if fed.writer is not None:
-                    fed.writer.update_manifest(sweep_stopped="stopped by the Tune scheduler")
-                fed.stop_requested = True
+                runlog = fed_ref[0].runlog
+                if runlog.writer is not None:
+                    runlog.writer.update_manifest(sweep_stopped="stopped by the Tune scheduler")
+                runlog.stop_requested = True
 
         def on_start(_: Any, fed: Any) -> None:
             fed_ref.append(fed)
-            if fed.writer is not None:
-                fed.writer.update_manifest(sweep={**config.get("sweep", {}), **placement_groups(fed)})
+            if fed.runlog.writer is not None:
+                fed.runlog.writer.update_manifest(sweep={**config.get("sweep", {}), **placement_groups(fed)})
 
         try:
             if status is not None and load_checkpoint(run_dir) is not None:

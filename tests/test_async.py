@@ -215,8 +215,14 @@ def test_bench_async_writes_its_summary(ray_local, tmp_path):
     from rayfl.bench.asynchronous import run_async_bench
 
     out = tmp_path / "bench" / "async.json"
-    summary = run_async_bench(clients=40, target=0.3, rounds=4, updates=40, out=out)
+    summary = run_async_bench(clients=40, target=0.3, rounds=4, updates=40, out=out, vectorize=("auto", "off"))
     assert set(summary["policies"]) == {"sync", "deadline", "fedbuff"}
     assert all(p["sim_seconds_total"] > 0 and p["updates_applied"] > 0 for p in summary["policies"].values())
     assert summary["wall_seconds_per_1000_updates"]["1_hosts"] > 0
-    assert out.is_file() and pd.read_parquet(out.with_suffix(".parquet")).shape[0] == 5
+    assert summary["sync_wall_seconds_per_1000_updates"]["2_hosts"] > 0
+    assert set(summary["async_over_sync_wall"]) == {"1_hosts", "2_hosts"}
+    assert summary["parallel_speedup_2_vs_1_hosts"] > 0 and summary["sync_parallel_speedup"] > 0
+    assert set(summary["by_vectorize"]) == {"auto", "off"}
+    assert summary["by_vectorize"]["auto"]["wall_seconds_per_1000_updates"] == summary["wall_seconds_per_1000_updates"]
+    table = pd.read_parquet(out.with_suffix(".parquet"))
+    assert out.is_file() and table.shape[0] == 11 and set(table["vectorize"].dropna()) == {"auto", "off"}

@@ -207,7 +207,7 @@ def test_set_reaches_every_rayfl_run_and_not_the_loop(tmp_path, monkeypatch):
         loops.append(cfg)
         return SimpleNamespace(final=np.zeros(3), round_seconds=[1.0, 1.0, 1.0])
 
-    def fake_row(name, cfg, dataset, loop, vec, pre, hosts, device):
+    def fake_row(name, cfg, dataset, loop, vec, pre, hosts, device, label=""):
         runs.append(cfg)
         return {"workload": name, "runner": "rayfl", "device": device, "vectorize": vec, "preaggregate": pre,
                 "num_hosts": hosts, "seconds_per_round": 0.5, "mean_round_seconds": 0.5,

@@ -16,7 +16,7 @@ import rayfl
 from rayfl.callbacks.base import Callback, RunInfo
 from rayfl.callbacks.stopping import EarlyStopping, EarlyStoppingConfig
 from rayfl.config import ConfigError, load_config
-from rayfl.engine.federation import RunInterrupted
+from rayfl.engine.runlog import RunInterrupted
 from rayfl.results import load
 from rayfl.runner import resume_experiment, run_experiment
 

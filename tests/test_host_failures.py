@@ -72,7 +72,7 @@ def test_killed_hosts_are_replaced_and_the_run_equals_the_failure_free_one(ray_l
 
 @pytest.mark.slow
 def test_too_many_failures_is_a_clear_error(ray_local, results_dir):
-    from rayfl.engine.federation import HostFailureError
+    from rayfl.engine.hosts import HostFailureError
 
     cfg = job(results_dir, "doomed", "algorithm.name=fedavg", "engine.kill_host_every=5", "engine.max_restarts=1")
     with pytest.raises(HostFailureError, match="engine.max_restarts=1"):
@@ -109,7 +109,7 @@ def test_a_hung_host_is_detected_by_task_timeout_and_replaced(ray_local, results
         second = fed.call([1, 3, 8], hang_once, round=1, marker=marker)
     finally:
         fed.shutdown()
-    assert fed.host_failures == 1
+    assert fed.hosts.failures == 1
     assert [r["n"] for r in first] == [1, 1, 1] and [r["n"] for r in second] == [2, 2, 2]
     assert any(r.extra.get("rerun") for r in first)
 
@@ -140,7 +140,7 @@ def test_a_node_removed_mid_run_does_not_stop_the_run(tmp_path):
             def go():
                 while fed.clock.now == 0 or len(load(run_dir).rounds) < 5:
                     time.sleep(0.2)
-                node = fed.host_info[0]["node_id"]  # the node holding host 0
+                node = fed.hosts.info[0]["node_id"]  # the node holding host 0
                 cluster.remove_node(next(w for w in workers if w.node_id == node))
             threading.Thread(target=go, daemon=True).start()
 

@@ -26,7 +26,7 @@ from rayfl.config import ConfigError, RunConfig, load_config, section_config
 from rayfl.data import FederatedDataset
 from rayfl.driver import drive
 from rayfl.engine import ClientResult
-from rayfl.engine.federation import evaluate_arrays
+from rayfl.engine.evaluation import evaluate_arrays
 from rayfl.engine.host import ClientHostImpl
 from rayfl.engine.system import TaskTiming
 from rayfl.models import build_model

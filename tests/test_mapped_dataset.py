@@ -47,7 +47,7 @@ def run_seeing_the_hosts_arrays(cfg, dataset) -> tuple[object, list[tuple[Path, 
     seen: dict[str, object] = {}
 
     def on_start(run_dir, fed) -> None:
-        seen["arrays"] = ray.get(fed._arrays_ref)
+        seen["arrays"] = ray.get(fed.hosts.arrays_ref)
         pins = dcache.cache_dir() / dcache.PINNED_DIR
         seen["pins"] = sorted((p, p.stat().st_ino) for p in pins.iterdir()) if pins.is_dir() else []
 

@@ -349,7 +349,7 @@ def test_the_fedasync_straggler_job_leaves_one_file_per_table(ray_local, tmp_pat
     before_close: dict[str, int] = {}
 
     def count_parts_at_close(run_dir, fed) -> None:
-        writer = fed.writer
+        writer = fed.runlog.writer
         close = writer.close
 
         def counting_close(*args, **kwargs):

@@ -14,7 +14,7 @@ from test_resume import assert_same_tables, comparable, job, sigterm_after
 
 from rayfl.algorithms.catalog import BUILTIN
 from rayfl.config import ConfigError, algorithm_config_class
-from rayfl.engine.federation import RunInterrupted
+from rayfl.engine.runlog import RunInterrupted
 from rayfl.pipeline.accounting import epsilon
 from rayfl.pipeline.compression import CompressionConfig, encoded_nbytes
 from rayfl.pipeline.server import mechanism

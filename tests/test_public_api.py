@@ -16,7 +16,8 @@ from test_resume import assert_same_tables, sigterm_after
 
 import rayfl
 import rayfl.registry
-from rayfl.engine.federation import RunInterrupted, evaluate_arrays
+from rayfl.engine.evaluation import evaluate_arrays
+from rayfl.engine.runlog import RunInterrupted
 from rayfl.models import get_flat
 from rayfl.results import load
 

@@ -17,7 +17,7 @@ import pytest
 
 from rayfl.config import load_config
 from rayfl.engine.checkpoint import load_checkpoint
-from rayfl.engine.federation import RunInterrupted
+from rayfl.engine.runlog import RunInterrupted
 from rayfl.results import load
 from rayfl.results.storage import Location
 from rayfl.runner import resume_experiment, run_experiment

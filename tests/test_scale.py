@@ -19,8 +19,8 @@ from rayfl.data import build_federated_dataset
 from rayfl.data.lazy import ClientIds, LazyFederatedDataset, LazySynthetic, lazy_sizes
 from rayfl.data.synthetic import split_clients
 from rayfl.engine.clock import SimClock
-from rayfl.engine.federation import Federation
 from rayfl.engine.host import ClientHostImpl
+from rayfl.engine.population import Population
 from rayfl.engine.system import (
     Availability,
     IntervalAvailability,
@@ -140,24 +140,20 @@ def test_lazy_bad_configs_name_the_field(sets, field):
 # ---------------------------------------------------------------- vectorised sampling
 
 
-def sampling_fed(avail: str, n: int = 3000, policy: str = "sync") -> Federation:
-    """The driver's sampling state without Ray or hosts: what `sample` and `online_clients` read."""
+def sampling_population(avail: str, n: int = 3000, policy: str = "sync") -> Population:
+    """The driver's sampling state without Ray or hosts: what `sample` and `online` read."""
     sets = [f"partition.num_clients={n}", f"system.availability.kind={avail}", f"system.policy={policy}"]
     if avail == "periodic":
         sets += ["system.availability.period=100", "system.availability.online_fraction=0.3"]
     cfg = load_config(None, sets)
     sizes = np.full(n, 5, dtype=np.int64)
     sizes[::7] = 0  # some clients hold nothing and are never sampled
-    fed = Federation.__new__(Federation)
-    fed.cfg, fed.seed, fed._keep, fed._trainable, fed._trainable_mask = cfg, cfg.run.seed, {}, None, None
-    fed.dataset = types.SimpleNamespace(num_clients=n, client_sizes=lambda: sizes)
-    fed.system = SystemModel(cfg.system, n, 1000.0, cfg.run.seed)
-    fed.clock = SimClock()
-    return fed
+    dataset = types.SimpleNamespace(num_clients=n, client_sizes=lambda: sizes)
+    return Population(cfg, dataset, SystemModel(cfg.system, n, 1000.0, cfg.run.seed), SimClock())
 
 
 # Sampled by the code before vectorisation (a Python loop over every client in online_clients,
-# np.intersect1d in _candidates), same configs and seed: the same clients must come out.
+# np.intersect1d in the candidates), same configs and seed: the same clients must come out.
 BEFORE = {
     "always": [[375, 1360, 2223, 2306, 2570, 2739], [433, 657, 1597, 1677, 2565, 2615],
                [1061, 1987, 2095, 2273, 2402, 2797], [277, 698, 1161, 1354, 1422, 2217]],
@@ -168,13 +164,13 @@ BEFORE = {
 
 @pytest.mark.parametrize("avail", list(BEFORE))
 def test_sampling_picks_the_same_clients_as_before(avail):
-    fed = sampling_fed(avail)
+    population = sampling_population(avail)
     for r, expected in enumerate(BEFORE[avail]):
-        assert fed.sample(r, 6) == expected
-        fed.clock.advance_to(fed.clock.now + 37.0)
+        assert population.sample(r, 6) == expected
+        population.clock.advance_to(population.clock.now + 37.0)
     if avail == "periodic":  # at simulated time 148 s
-        assert len(fed.online_clients()) == 915
-    assert sampling_fed("always", policy="over_selection").sample(3, 5) == [276, 697, 1160, 1353, 1422, 1636, 2217]
+        assert len(population.online()) == 915
+    assert sampling_population("always", policy="over_selection").sample(3, 5) == [276, 697, 1160, 1353, 1422, 1636, 2217]
 
 
 def loop_online(avail: Availability, n: int, t: float) -> np.ndarray:
@@ -212,16 +208,14 @@ def test_driver_state_for_200k_clients_is_arrays_not_per_client_objects():
     cfg = lazy_cfg(POPULATION, "system.availability.kind=periodic", "system.availability.period=100")
     tracemalloc.start()
     ds = build_federated_dataset(cfg.data, cfg.partition, 0)
-    fed = Federation.__new__(Federation)
-    fed.cfg, fed.seed, fed._keep, fed._trainable, fed._trainable_mask = cfg, 0, {}, None, None
-    fed.dataset, fed.clock = ds, SimClock()
-    fed.system = SystemModel(cfg.system, POPULATION, 1000.0, 0)
-    picks = [fed.sample(r, 5) for r in range(3)]
+    system = SystemModel(cfg.system, POPULATION, 1000.0, 0)
+    population = Population(cfg, ds, system, SimClock())
+    picks = [population.sample(r, 5) for r in range(3)]
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert peak < 28 * 2**20, f"driver set-up for {POPULATION} clients peaked at {peak / 2**20:.0f} MB"
     assert all(len(p) == 5 for p in picks)
-    for obj in (ds, ds.source, fed, fed.system, fed.system.availability):
+    for obj in (ds, ds.source, population, system, system.availability):
         for name, value in vars(obj).items():
             if isinstance(value, (list, dict, set, tuple)):
                 assert len(value) < 1000, f"{type(obj).__name__}.{name} holds {len(value)} entries"

@@ -151,7 +151,7 @@ def test_async_stale_and_dropped_tasks_leave_state_untouched(ray_local, results_
         picks = 0
         for _ in range(60):
             while len(pool) < cfg.algorithm.concurrency:
-                c = fed.sample_idle(pool.busy_clients, key=picks)
+                c = fed.population.sample_idle(pool.busy_clients, key=picks)
                 picks += 1
                 pool.submit(c, count_accepted, x=x, min_backward_samples=int(fed.client_sizes[c]))
             res = pool.next(max_staleness=cfg.algorithm.max_staleness)

@@ -202,7 +202,7 @@ def test_a_trial_with_a_checkpointed_run_resumes_it(ray_local, tmp_path: Path) -
 
     import rayfl.results
     from rayfl.config import load_config
-    from rayfl.engine.federation import RunInterrupted
+    from rayfl.engine.runlog import RunInterrupted
     from rayfl.runner import run_experiment
 
     out = tmp_path / "results"

@@ -44,8 +44,8 @@ from rayfl.config import ConfigError, ModelConfig, load_config
 from rayfl.data import tables
 from rayfl.data.rows import FileRows, host_rows
 from rayfl.data.tables import load_parquet
-from rayfl.engine.federation import RunInterrupted
 from rayfl.engine.host import ClientHostImpl
+from rayfl.engine.runlog import RunInterrupted
 from rayfl.results import load
 from rayfl.runner import resume_experiment, run_experiment
 
@@ -232,7 +232,7 @@ def run_seeing(cfg) -> tuple[Any, dict[str, Any]]:
 
     def on_start(run_dir, fed) -> None:
         seen.update(train_x=fed.dataset.train_x, server_x=fed.server_data.x.numpy(),
-                    host_rows=[info["train_rows"] for info in fed.host_info])
+                    host_rows=[info["train_rows"] for info in fed.hosts.info])
 
     return load(run_experiment(cfg, on_start=on_start).run_dir), seen
 
@@ -299,7 +299,7 @@ TRAIN_MEASURED = RSS_HELPERS + textwrap.dedent("""
     seen = {}
 
     def on_start(run_dir, fed):
-        seen["hosts"] = [info["train_rows"] for info in fed.host_info]
+        seen["hosts"] = [info["train_rows"] for info in fed.hosts.info]
         seen["driver_x"] = type(fed.dataset.train_x).__name__
         seen["train_rows"] = len(fed.dataset.train_y)
 

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rayfl.engine.federation import evaluate_arrays
+from rayfl.engine.evaluation import evaluate_arrays
 from rayfl.models.metrics import loss_correct_count
 from rayfl.models.params import get_flat
 

@@ -206,7 +206,7 @@ def replay_server_sgd(cfg: Config) -> tuple[np.ndarray, np.ndarray]:
     """The f1 values ZO-HFL with lam = 0 logs (x_0 = 0), and what it would log if each round's
     f1 were taken on the next round's minibatch instead."""
     from rayfl.data import build_federated_dataset
-    from rayfl.engine.federation import ServerData
+    from rayfl.engine.evaluation import ServerData
 
     ds = build_federated_dataset(cfg.data, cfg.partition, cfg.run.seed)
     idx = ds.server_train

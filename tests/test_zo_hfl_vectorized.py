@@ -16,7 +16,7 @@ from host_fixtures import sized_host
 
 from rayfl.algorithms.zo_hfl import zo_hfl_client, zo_hfl_clients
 from rayfl.config import section_config
-from rayfl.engine.host import ClientHostImpl
+from rayfl.engine.host import ClientHostImpl, _Job
 from rayfl.engine.vectorized import batched_version, use_batched
 from rayfl.zo import ConstraintConfig, direction_seed, sphere_from_seed
 
@@ -176,7 +176,7 @@ def test_declines_what_it_does_not_batch():
         recs = mlp.run(zo_hfl_client, [0, 1], 0, broadcast(params=x), extra)
     assert spy.answers == [False] and [r["local_steps"] for r in recs] == [4, 4]  # the loop ran instead
     host = make_host("on")
-    ctxs = [host._prepare(c, 0, None, None)[1] for c in (0, 1)]
+    ctxs = [host._prepare(_Job(c, 0, {}, {}))[1] for c in (0, 1)]
     kws = [broadcast() | per_client(0)[c] for c in (0, 1)]
     kws[1]["lr"] = 0.3  # a setting that differs between clients
     assert zo_hfl_clients(ctxs, kws) is None

@@ -8,7 +8,7 @@ client's download and the moment its update is used."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -16,42 +16,22 @@ from rayfl.algorithms.fedavg import FedAvg, FedAvgConfig
 from rayfl.algorithms.server_opt import ModelState
 from rayfl.config import ConfigError
 from rayfl.driver import Round, Uploads
-from rayfl.driver.settings import AsynchronyConfig, staleness_weight
+from rayfl.driver.settings import AsynchronyConfig, StalenessKeys, staleness_weight
 
 
 @dataclass
-class AsyncConfig(FedAvgConfig):
+class AsyncConfig(FedAvgConfig, StalenessKeys):
     """Shared by the asynchronous algorithms. `concurrency` clients train at any time;
     staleness weight s(t): `constant` 1, `polynomial` (1 + t)^-a, `hinge` 1 for t <= b else
     1 / (a (t - b) + 1) (Xie et al. 2019, section 5.2). Updates staler than `max_staleness`
     are discarded (bounded staleness; null keeps all). `run.rounds` counts server updates."""
-
-    uploads: ClassVar[tuple[str, ...]] = ()  # each arrival is applied alone: nothing to aggregate
-    asynchronous: ClassVar[bool] = True  # no sampling a privacy accountant could assume
-
-    # Clients training at any time (>= 1): a finished one is replaced by a new idle client at once.
-    concurrency: int = 10
-    # The weight s(t) of an update t server steps stale: constant 1, polynomial (1 + t)^-a, hinge (1
-    # for t <= b, else 1 / (a (t - b) + 1)).
-    staleness: Literal["constant", "polynomial", "hinge"] = "polynomial"
-    # a of the polynomial and hinge staleness weights (>= 0).
-    staleness_a: float = 0.5
-    # b of the hinge staleness weight (>= 0): the staleness kept at full weight.
-    staleness_b: float = 4.0
-    # Discard updates staler than this many server steps; null: keep all.
-    max_staleness: int | None = None
 
     def validate(self) -> None:
         super().validate()
         if self.local_schedule is not None or self.server_as_client:
             bad = "local_schedule" if self.local_schedule is not None else "server_as_client"
             raise ConfigError(f"algorithm.{bad}", "is not supported by the asynchronous algorithms")
-        if self.concurrency < 1:
-            raise ConfigError("algorithm.concurrency", f"must be >= 1, got {self.concurrency}")
-        if self.staleness_a < 0 or self.staleness_b < 0:
-            raise ConfigError("algorithm.staleness_a", "staleness_a and staleness_b must be >= 0")
-        if self.max_staleness is not None and self.max_staleness < 0:
-            raise ConfigError("algorithm.max_staleness", "must be >= 0 or null")
+        self.validate_staleness("algorithm")
 
 
 @dataclass
@@ -77,8 +57,6 @@ class FedBuffConfig(AsyncConfig):
     deltas, each scaled by s(staleness) (the paper: 1 / sqrt(1 + t), i.e. polynomial a = 0.5),
     and then steps x <- x + server_lr * (sum of scaled deltas) / buffer_size. The paper uses
     K = 10 with concurrency 100-1000."""
-
-    uploads: ClassVar[tuple[str, ...]] = ("delta",)  # the buffer is a weighted sum of them
 
     name: str = "fedbuff"
     # How buffered deltas are weighted before staleness: uniform (1/K each, the paper's) or samples.

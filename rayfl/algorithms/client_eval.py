@@ -114,3 +114,15 @@ def evaluate_clients(
                 fed.log_eval(round, {"test_loss": m[f"{split}_loss"], "test_accuracy": m[f"{split}_accuracy"]},
                              client=c, split=prefix + split)
     return summarize(per_client, prefix)
+
+
+def evaluate_global_and_clients(fed: Federation, params: np.ndarray, round: int, clients: bool) -> dict[str, float]:
+    """The global model on the global test set and, with `clients`, on every client's own
+    train and validation data (the avg_ and worst_ columns): what the fairness methods report
+    at each evaluation (ComFedL, DRFA, q-FedAvg)."""
+    from rayfl.driver.rounds import evaluate_global
+
+    m = evaluate_global(fed, params, round)
+    if clients:
+        m.update(evaluate_clients(fed, params, round))
+    return m

@@ -31,7 +31,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from rayfl.algorithms.client_eval import evaluate_clients
+from rayfl.algorithms.client_eval import evaluate_clients, evaluate_global_and_clients
 from rayfl.algorithms.kernels import CrossEntropyGrad
 from rayfl.algorithms.personalized_eval import PREFIX as PERSONALIZED
 from rayfl.algorithms.server_opt import ModelState
@@ -308,10 +308,8 @@ class ComFedL(Algorithm[ModelState]):
                 "outer_weight": float(np.mean(uploads.values("outer_weight")))}
 
     def evaluate(self, state: ModelState, rnd: Round) -> dict[str, Any]:
-        m = super().evaluate(state, rnd)
-        if self.cfg.client_eval:
-            m.update(evaluate_clients(self.fed, state.x, rnd.index))
-            if self.cfg.objective == "maml":  # ComFedL-DAMAML is judged like every MAML method: after one step
-                m.update(evaluate_clients(self.fed, state.x, rnd.index, adapt_steps=1, adapt_lr=self.cfg.inner_lr,
-                                          adapt_batch_size=self.cfg.batch_size, prefix=PERSONALIZED))
+        m = evaluate_global_and_clients(self.fed, state.x, rnd.index, self.cfg.client_eval)
+        if self.cfg.client_eval and self.cfg.objective == "maml":  # judged like every MAML method: after one step
+            m.update(evaluate_clients(self.fed, state.x, rnd.index, adapt_steps=1, adapt_lr=self.cfg.inner_lr,
+                                      adapt_batch_size=self.cfg.batch_size, prefix=PERSONALIZED))
         return m

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from rayfl.algorithms.client_eval import evaluate_clients
+from rayfl.algorithms.client_eval import evaluate_global_and_clients
 from rayfl.algorithms.kernels import CrossEntropyGrad
 from rayfl.config import AlgorithmConfig, ConfigError
 from rayfl.driver import Algorithm, Phase, Round, Uploads
@@ -198,9 +198,9 @@ class DRFA(Algorithm[DRFAState]):
     def phases(self) -> list[Phase]:
         return [self, LossReports(self)]
 
-    def cohort(self, state: DRFAState, round: int) -> list[int]:
-        ids, weights = training_clients(self.fed, self.cfg, state.lam, round)
-        self.sampled_weights = dict(zip(ids, weights, strict=True))
+    def cohort(self, state: DRFAState, rnd: Round) -> list[int]:
+        ids, weights = training_clients(self.fed, self.cfg, state.lam, rnd.index)
+        rnd.notes["weights"] = dict(zip(ids, weights, strict=True))  # what the average weighs them by
         return ids
 
     def snapshot_step(self, round: int) -> int:
@@ -213,7 +213,7 @@ class DRFA(Algorithm[DRFAState]):
                 "snapshot": self.snapshot_step(rnd.index)}
 
     def weights(self, state: DRFAState, key: str, results: Sequence[Any], rnd: Round) -> np.ndarray:
-        return np.array([self.sampled_weights[res.client] for res in results])
+        return np.array([rnd.notes["weights"][res.client] for res in results])
 
     def server_update(self, state: DRFAState, uploads: Uploads, rnd: Round) -> DRFAState:
         """w_{s+1} = w_s + weighted mean delta; the snapshot w' = w_s + weighted mean of the
@@ -229,10 +229,7 @@ class DRFA(Algorithm[DRFAState]):
         return out
 
     def evaluate(self, state: DRFAState, rnd: Round) -> dict[str, Any]:
-        m = super().evaluate(state, rnd)
-        if self.cfg.client_eval:
-            m.update(evaluate_clients(self.fed, state.x, rnd.index))
-        return m
+        return evaluate_global_and_clients(self.fed, state.x, rnd.index, self.cfg.client_eval)
 
     def summary(self, state: DRFAState, metrics: dict[str, Any]) -> dict[str, Any]:
         return {"final_params": state.x, "lambda": state.lam, **metrics}

@@ -32,7 +32,7 @@ from rayfl.config import AlgorithmConfig, ConfigError
 from rayfl.driver import Algorithm, Round, Uploads
 from rayfl.driver.rounds import evaluate_global
 from rayfl.engine import ClientContext, Federation
-from rayfl.engine.federation import evaluate_arrays
+from rayfl.engine.evaluation import evaluate_arrays
 from rayfl.models.params import functional_logits
 from rayfl.zo.estimator import forward_difference_estimate, two_point_estimate
 from rayfl.zo.projection import ConstraintConfig, moreau_gradient, project

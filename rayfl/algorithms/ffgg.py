@@ -254,7 +254,8 @@ def check_solver(cfg: FFGGConfig, split: Split) -> None:
         raise ConfigError("algorithm.solver", f"{cfg.solver!r} solves quadratics only; use gd on networks")
 
 
-def round_metrics(split: Split, theta: np.ndarray, results: list[Any]) -> dict[str, Any]:
+def ffgg_metrics(split: Split, theta: np.ndarray, results: list[Any]) -> dict[str, Any]:
+    """The updates applied and their mean loss, and on the quadratic the exact ||F(theta)||."""
     losses = [float(r["loss"]) for r in results]
     out: dict[str, Any] = {"num_updates": len(results), "train_loss": float(np.mean(losses)) if losses else float("nan")}
     if split.quadratic:
@@ -296,7 +297,7 @@ class FFGG(Algorithm[FFGGState]):
         return FFGGState(theta=theta.astype(self.split.theta0.dtype), moments=state.moments)
 
     def metrics(self, state: FFGGState, uploads: Uploads, rnd: Round) -> dict[str, Any]:
-        return round_metrics(self.split, state.theta, uploads.results)
+        return ffgg_metrics(self.split, state.theta, uploads.results)
 
     def evaluate(self, state: FFGGState, rnd: Round) -> dict[str, Any]:
         return evaluate_personal(self.fed, self.split, state.theta, rnd.index)

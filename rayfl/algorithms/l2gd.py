@@ -184,7 +184,7 @@ class QuadraticBaseline(Algorithm[JointState]):
         self.oracle, self.d_theta = quadratic_setup(self.fed)
         self.dim = self.d_theta + self.oracle.d_w
 
-    def cohort(self, state: JointState, round: int) -> list[int]:
+    def cohort(self, state: JointState, rnd: Round) -> list[int]:
         return list(self.fed.trainable_clients)
 
     def mean(self, uploads: Uploads, key: str) -> np.ndarray:

@@ -145,7 +145,7 @@ class LocalFinetune(Algorithm[FinetuneState]):
     def init(self) -> FinetuneState:
         return FinetuneState(x=self.fed.initial_params())
 
-    def cohort(self, state: FinetuneState, round: int) -> list[int]:
+    def cohort(self, state: FinetuneState, rnd: Round) -> list[int]:
         ds = self.fed.dataset
         return [c for c in range(self.fed.num_clients) if len(ds.client_test[c]) and len(ds.client_train[c])]
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rayfl.algorithms.client_eval import evaluate_clients
+from rayfl.algorithms.client_eval import evaluate_global_and_clients
 from rayfl.algorithms.kernels import CrossEntropyGrad
 from rayfl.algorithms.local import LocalSchedule, local_sgd
 from rayfl.algorithms.server_opt import ModelState
@@ -100,7 +100,4 @@ class QFedAvg(Algorithm[ModelState]):
         return out
 
     def evaluate(self, state: ModelState, rnd: Round) -> dict[str, Any]:
-        m = super().evaluate(state, rnd)
-        if self.cfg.client_eval:
-            m.update(evaluate_clients(self.fed, state.x, rnd.index))
-        return m
+        return evaluate_global_and_clients(self.fed, state.x, rnd.index, self.cfg.client_eval)

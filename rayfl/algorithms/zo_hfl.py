@@ -33,7 +33,7 @@ from rayfl.config import AlgorithmConfig, ConfigError
 from rayfl.driver import Algorithm, Round, Uploads
 from rayfl.driver.rounds import evaluate_global
 from rayfl.engine import ClientContext, ClientResult, Federation
-from rayfl.engine.federation import evaluate_arrays
+from rayfl.engine.evaluation import evaluate_arrays
 from rayfl.engine.vectorized import batched
 from rayfl.zo.batched_solves import (
     PairedBatches,

@@ -6,11 +6,12 @@
    local epochs) with 1 and with 2 ClientHosts, asynchronously (FedBuff, concurrency 20,
    buffer 10) and synchronously (FedAvg, 20 clients a round): the parallel speed-up of each
    engine, and what the exact simulated-time order of the asynchronous engine costs over
-   synchronous rounds.
+   synchronous rounds; `--vectorize auto,off` repeats this part under each mode.
 Writes a JSON summary and a Parquet table of the runs."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -60,10 +61,11 @@ def wall_seconds_per_1000(run_dir: Path) -> float:
     return 1000.0 * (wall[-1] - wall[0]) / max(1, applied[1:].sum())
 
 
-def wall_speeds(clients: int, updates: int, results_dir: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def wall_speeds(clients: int, updates: int, results_dir: Path, rows: list[dict[str, Any]],
+                vectorize: str = "auto", stamp: str = "") -> dict[str, Any]:
     """`updates` client updates of the same work (WALL) on 1 and 2 hosts, asynchronously
-    (FedBuff) and in synchronous rounds (FedAvg, 20 clients a round), timed on the wall clock;
-    appends one row per run to `rows`."""
+    (FedBuff) and in synchronous rounds (FedAvg, 20 clients a round), timed on the wall clock
+    under `engine.vectorize: vectorize`; appends one row per run to `rows`."""
     from rayfl.config import load_config
     from rayfl.runner import run_experiment
 
@@ -75,12 +77,12 @@ def wall_speeds(clients: int, updates: int, results_dir: Path, rows: list[dict[s
         for hosts in (1, 2):
             cfg = load_config(None, [*COMMON, *policy[kind], *WALL, f"partition.num_clients={clients}",
                                      f"run.rounds={steps}", f"run.eval_every={steps}", f"engine.num_hosts={hosts}",
-                                     f"output.dir={results_dir}", "run.experiment=bench_async",
-                                     f"run.run_id={kind}-hosts-{hosts}"])
+                                     f"engine.vectorize={vectorize}", f"output.dir={results_dir}",
+                                     "run.experiment=bench_async", f"run.run_id={kind}-hosts-{hosts}-{vectorize}{stamp}"])
             per_1000 = wall_seconds_per_1000(run_experiment(cfg).run_dir)
             wall[kind][f"{hosts}_hosts"] = round(per_1000, 3)
             rows.append({"part": "wall" if kind == "async" else "sync_wall", "name": f"{hosts}_hosts",
-                         "wall_seconds_per_1000_updates": per_1000})
+                         "vectorize": vectorize, "wall_seconds_per_1000_updates": per_1000})
     a, s = wall["async"], wall["sync"]
     return {
         "wall_seconds_per_1000_updates": a,
@@ -91,18 +93,23 @@ def wall_speeds(clients: int, updates: int, results_dir: Path, rows: list[dict[s
     }
 
 
-def run_async_bench(clients: int, target: float, rounds: int, updates: int, out: Path) -> dict[str, Any]:
+def run_async_bench(clients: int, target: float, rounds: int, updates: int, out: Path,
+                    vectorize: tuple[str, ...] = ("auto",)) -> dict[str, Any]:
+    """The policies' simulated times, then the wall-clock part once per `engine.vectorize`
+    mode: the summary's wall figures are the first mode's, and with several modes
+    `by_vectorize` holds each one's."""
     from rayfl.config import load_config
     from rayfl.results import load
     from rayfl.runner import run_experiment
 
     results_dir = out.parent / "results"
+    stamp = time.strftime("-%Y%m%d-%H%M%S")  # a run id of its own for each invocation
     rows, summary = [], {"clients": clients, "target_accuracy": target, "policies": {}}
     for name, extra in POLICIES.items():
         n_rounds = rounds * 2 if name == "fedbuff" else rounds  # 10 arrivals per FedBuff step
         cfg = load_config(None, [*COMMON, *extra, f"partition.num_clients={clients}", f"run.rounds={n_rounds}",
                                  "run.eval_every=2", f"output.dir={results_dir}", "run.experiment=bench_async",
-                                 f"run.run_id=policy-{name}"])
+                                 f"run.run_id=policy-{name}{stamp}"])
         res = load(run_experiment(cfg).run_dir)
         t = time_to_accuracy(res.evals, target)
         final = res.evals[res.evals["client"] == -1].sort_values("round").iloc[-1]
@@ -112,7 +119,10 @@ def run_async_bench(clients: int, target: float, rounds: int, updates: int, out:
         summary["policies"][name] = entry
         rows.append({"part": "policy", "name": name, **entry})
 
-    summary.update(wall_speeds(clients, updates, results_dir, rows))
+    walls = {mode: wall_speeds(clients, updates, results_dir, rows, mode, stamp) for mode in vectorize}
+    summary.update(walls[vectorize[0]])
+    if len(vectorize) > 1:
+        summary["by_vectorize"] = walls
     sync_t = summary["policies"]["sync"]["sim_seconds_to_target"]
     for name in ("deadline", "fedbuff"):
         t = summary["policies"][name]["sim_seconds_to_target"]

@@ -41,11 +41,13 @@ ROUNDING_FACTOR = 4.0
 def run_fedavg_bench(
     name: str, rounds: int | None, out: Path, hosts: list[int] | None = None, vectorize: list[str] | None = None,
     loop_threads: int | None = 1, preaggregate: list[str] | None = None, device: str = "cpu", repeat: int = 1,
-    overrides: list[str] | None = None,
+    overrides: list[str] | None = None, algorithms: list[str] | None = None,
 ) -> dict[str, Any]:
     """Time the loop and every (vectorize, hosts) variant of rayfl; see the module doc.
     `overrides` (`--set KEY=VALUE`) apply to every rayfl run, e.g. an engine setting to time
-    against its default."""
+    against its default. `algorithms` ("NAME[,KEY=VALUE...]") are timed too, each under every
+    variant, beside the workload's own algorithm: a user's extension of FedAvg against the
+    built-in, in one invocation."""
     from rayfl.runner import build_dataset
 
     rounds = rounds or workload(name).rounds
@@ -63,7 +65,10 @@ def run_fedavg_bench(
     results_dir = out.parent / "results"
     overrides = list(overrides or [])
     cfg = workload_config(name, rounds)
+    others = {label: keys for label, keys in map(algorithm_variant, algorithms or [])}
     workload_config(name, rounds, *overrides)  # a bad key or value: one line, before any timing
+    for keys in others.values():
+        workload_config(name, rounds, *overrides, *keys)
     t0 = time.perf_counter()
     # as `rayfl run` builds it: cached on disk, mapped by the hosts, not stored with each run
     dataset = build_dataset(cfg)
@@ -82,19 +87,19 @@ def run_fedavg_bench(
                  "peak_rss_mb": mem.peak_mb, "peak_process_mb": mem.peak_process_mb, "ratio_to_loop": 1.0,
                  "max_abs_diff": 0.0, "same_clients": True, "round_seconds": [round(s, 4) for s in loop.round_seconds]}]
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        for vec, pre, h in itertools.product(vectorize, preaggregate, hosts):
-            variant = variant_name(vec, pre, h)
+        for (label, keys), vec, pre, h in itertools.product([("", []), *others.items()], vectorize, preaggregate, hosts):
+            variant = variant_name(vec, pre, h) + label
             pairs = []
             for i in range(repeat):
                 run_cfg = workload_config(name, rounds, f"engine.vectorize={vec}", f"engine.num_hosts={h}",
                                           f"engine.preaggregate={pre}", f"output.dir={results_dir}",
                                           f"run.experiment=bench_{name}", f"run.run_id={variant}-{stamp}-{i}",
-                                          *device_overrides(device, h), *overrides)
+                                          *device_overrides(device, h), *overrides, *keys)
                 # the loop again beside each run, before it and after it in turn (ABBA): a ratio of
                 # back-to-back timings survives a machine whose speed drifts
                 if i % 2 == 0:
                     again = run_reference_loop(cfg, dataset, rounds, loop_threads, device)
-                row = _rayfl_row(name, run_cfg, dataset, loop, vec, pre, h, device)
+                row = _rayfl_row(name, run_cfg, dataset, loop, vec, pre, h, device, label)
                 if i % 2 == 1:
                     again = run_reference_loop(cfg, dataset, rounds, loop_threads, device)
                 pairs.append((row, float(np.median(steady(again.round_seconds, 1, 1))),
@@ -128,12 +133,16 @@ def run_fedavg_bench(
         "loop_float32_rounding": rounding,
         "agreement_bound": agree,
         "loop": {k: rows[0][k] for k in ("seconds_per_round", "client_updates_per_second", "peak_rss_mb", "peak_process_mb")},
-        "runs": {variant_name(r["vectorize"], r["preaggregate"], r["num_hosts"]): {
-            k: v for k, v in r.items() if k not in ("workload", "runner", "round_seconds")} for r in rows[1:]},
-        "ratios_rayfl_over_loop": {variant_name(r["vectorize"], r["preaggregate"], r["num_hosts"]): r["ratio_to_loop"]
-                                   for r in rows[1:]},
-        "speedups_loop_over_rayfl": {variant_name(r["vectorize"], r["preaggregate"], r["num_hosts"]):
-                                     round(1.0 / r["ratio_to_loop"], 3) for r in rows[1:]},
+        "runs": {row_variant(r): {k: v for k, v in r.items() if k not in ("workload", "runner", "round_seconds")}
+                 for r in rows[1:]},
+        "ratios_rayfl_over_loop": {row_variant(r): r["ratio_to_loop"] for r in rows[1:]},
+        "speedups_loop_over_rayfl": {row_variant(r): round(1.0 / r["ratio_to_loop"], 3) for r in rows[1:]},
+        **({"algorithms": {label.lstrip("-"): keys for label, keys in others.items()},
+            "seconds_per_round_over_the_workloads_algorithm": {
+                row_variant(r): round(r["seconds_per_round"] / base["seconds_per_round"], 3)
+                for r in rows[1:] for base in rows[1:]
+                if r["algorithm_label"] and row_variant(base) == row_variant(r).removesuffix(r["algorithm_label"])}}
+           if others else {}),
         "all_same_model": all(r["max_abs_diff"] <= agree and r["same_clients"] for r in rows[1:]),
     }
     write_result(out, summary, rows)
@@ -158,6 +167,19 @@ def device_overrides(device: str, hosts: int) -> list[str]:
     if device != "cuda":
         raise ValueError(f"--device must be cpu or cuda, not {device!r}")
     return ["engine.device=cuda", f"engine.num_gpus_per_host={1 / hosts!r}"]
+
+
+def algorithm_variant(spec: str) -> tuple[str, list[str]]:
+    """`--algorithm NAME[,KEY=VALUE...]` as (the variants' suffix, its job keys)."""
+    name, *keys = [part.strip() for part in spec.split(",")]
+    if not name:
+        raise ValueError(f"--algorithm {spec!r}: give a name or import path first")
+    return f"-{name.rpartition(':')[2].lower()}", [f"algorithm.name={name}", *keys]
+
+
+def row_variant(row: dict[str, Any]) -> str:
+    """A rayfl row's variant: its engine settings, and the algorithm timed beside the workload's."""
+    return variant_name(row["vectorize"], row["preaggregate"], row["num_hosts"]) + row.get("algorithm_label", "")
 
 
 def variant_name(vectorize: str, preaggregate: str, hosts: int) -> str:
@@ -198,7 +220,7 @@ def paired_row(pairs: list[tuple[dict[str, Any], float, float]]) -> dict[str, An
 
 
 def _rayfl_row(name: str, cfg: Any, dataset: Any, loop: Any, vec: str, pre: str,
-               hosts: int, device: str) -> dict[str, Any]:
+               hosts: int, device: str, label: str = "") -> dict[str, Any]:
     """One rayfl run; `loop` gives the reference model and clients."""
     from rayfl.results import load
     from rayfl.results.load import read_manifest
@@ -214,7 +236,8 @@ def _rayfl_row(name: str, cfg: Any, dataset: Any, loop: Any, vec: str, pre: str,
     s = float(np.median(steady(seconds, 1, 1)))
     per_round = cfg.algorithm.clients_per_round
     hosts_seen = read_manifest(outcome.run_dir)["placement"]["hosts"]
-    return {"workload": name, "runner": "rayfl", "device": device, "vectorize": vec, "preaggregate": pre, "num_hosts": hosts,
+    return {"workload": name, "runner": "rayfl", "algorithm": cfg.algorithm.name, "algorithm_label": label,
+            "device": device, "vectorize": vec, "preaggregate": pre, "num_hosts": hosts,
             "seconds_per_round": s, "mean_round_seconds": float(np.mean(steady(seconds, 1, 1))),
             "client_updates_per_second": per_round / s, "peak_rss_mb": mem.peak_mb,
             "peak_process_mb": mem.peak_process_mb,

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from rayfl.config import Config
 from rayfl.data import FederatedDataset
-from rayfl.engine.federation import initial_model_params
+from rayfl.engine.evaluation import initial_model_params
 from rayfl.models import build_model
 from rayfl.models.params import set_flat
 from rayfl.rng import numpy_rng

@@ -40,7 +40,7 @@ class CallbackRunner:
         if not self.callbacks:
             return
         fed = self.fed
-        writer = fed.writer
+        writer = fed.runlog.writer
         run_dir = None
         if writer is not None and writer.location.is_local:
             run_dir = Path(str(writer.location))
@@ -49,7 +49,7 @@ class CallbackRunner:
             run_dir=run_dir,
             config=fed.cfg.to_dict(),
             resumed=resumed,
-            global_params=lambda: getattr(fed.server_state, "x", None),
+            global_params=lambda: global_model(fed),
             save=(lambda name, data: _save(writer, name, data)) if writer is not None else None,
         )
         for cb in self.callbacks:
@@ -92,3 +92,10 @@ def _save(writer: Any, name: str, data: bytes) -> str:
     where = writer.location.child(name)
     write_atomically(where, data)
     return str(where)
+
+
+def global_model(fed: Any) -> Any:
+    """The server's current global model: what the algorithm's driver says it is (an
+    algorithm's `model_of` its state), else a hand-written loop's tracked `x`, else None."""
+    model_of = getattr(fed, "model_of", None)
+    return model_of(fed.server_state) if model_of is not None else getattr(fed.server_state, "x", None)

@@ -43,7 +43,7 @@ class FederatedDataset:
     client_test: list[np.ndarray] | None = None
     server_train: np.ndarray | None = None
     # the file the row arrays are views of (a dataset cache entry), so hosts on this machine
-    # can map it rather than receive a copy (rayfl.engine.federation)
+    # can map it rather than receive a copy (rayfl.engine.hosts)
     mapped: MappedArrays | None = field(default=None, repr=False, compare=False)
     # built from the run's config (a resumed run builds it again), not handed in from Python
     from_config: bool = field(default=False, repr=False, compare=False)

@@ -27,9 +27,6 @@ from rayfl.driver.sync import combined
 if TYPE_CHECKING:
     from rayfl.engine import AsyncPool, ClientResult, Federation
 
-AsyncSettings = AsynchronyConfig
-
-
 @dataclass
 class AsyncServerState:
     """What the asynchronous driver checkpoints: the algorithm's own state, the models that
@@ -45,7 +42,7 @@ class Dispatcher:
     flight before each arrival is taken; `failed`, `arrived` and `stepped` may dispatch more
     (a failed task replaced, a new job before or after the server step)."""
 
-    def __init__(self, alg: Algorithm, settings: AsyncSettings, run_state: AsyncServerState):
+    def __init__(self, alg: Algorithm, settings: AsynchronyConfig, run_state: AsyncServerState):
         self.alg, self.settings, self.run_state = alg, settings, run_state
         self.fed = alg.fed
         self.pool: AsyncPool = self.fed.async_pool()
@@ -79,7 +76,7 @@ class Dispatcher:
         """An idle client (online, trainable, not in flight), uniformly, from the stream
         (seed, 'async.sample', draw number)."""
         busy = self.pool.busy_clients | self.buffered if self.once_per_step else self.pool.busy_clients
-        client = self.fed.sample_idle(busy, key=self.run_state.picks)
+        client = self.fed.population.sample_idle(busy, key=self.run_state.picks)
         self.run_state.picks += 1
         return client
 
@@ -110,15 +107,16 @@ class IdleClients(Dispatcher):
     """FedAsync's and FedBuff's dispatch: a finished client is replaced by an idle one."""
 
 
-def run_async(fed: Federation, alg: Algorithm, settings: AsyncSettings) -> dict[str, Any]:
+def run_async(fed: Federation, alg: Algorithm, settings: AsynchronyConfig) -> dict[str, Any]:
     """Run `alg` for `run.rounds` asynchronous server steps."""
     if alg.phases() != [alg]:
         raise ValueError(f"{type(alg).__name__} calls its clients more than once a step; the asynchronous driver "
                          "applies one call's arrivals")
     run_state = fed.track(AsyncServerState(state=alg.init()))
+    fed.model_of = lambda tracked: alg.model_of(tracked.state)
     state = run_state.state
     alg.start(state)
-    disp = alg.dispatcher(settings, run_state)
+    disp = alg.dispatcher(settings, run_state) or IdleClients(alg, settings, run_state)
     metrics: dict[str, Any] = {}
     for r in fed.rounds(alg.rounds()):
         rnd = Round(r, [], alg.run.rounds, asynchronous=True)

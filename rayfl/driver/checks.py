@@ -35,6 +35,10 @@ def check_driver(cfg: Any, cls: Any) -> None:
         why = cls.refuses_asynchrony(cfg.algorithm)
         if why is not None:
             raise ConfigError("asynchrony.enabled", f"{name} does not run asynchronously: {why}")
-    if asynchrony_of(cfg, cls) is not None and cfg.system.policy != "sync":
+    asynchronous = asynchrony_of(cfg, cls) is not None
+    if asynchronous and getattr(cfg.algorithm, "server_as_client", False):
+        raise ConfigError("algorithm.server_as_client", "the server's own update joins synchronous rounds only; set it "
+                                                        "to false for an asynchronous run")
+    if asynchronous and cfg.system.policy != "sync":
         raise ConfigError("system.policy", f"{cfg.system.policy!r} closes synchronous rounds; an asynchronous run "
                                            "applies arrivals as they come: set system.policy: sync")

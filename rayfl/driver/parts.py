@@ -29,9 +29,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 import numpy as np
 
 from rayfl.config import AlgorithmConfig, RunConfig
+from rayfl.driver.rounds import clients_this_round, evaluate_global, round_metrics
+from rayfl.driver.settings import AsynchronyConfig
 
 if TYPE_CHECKING:
-    from rayfl.driver.asynchronous import AsyncSettings, Dispatcher
     from rayfl.engine import Federation
 
 S = TypeVar("S")
@@ -128,6 +129,9 @@ class Phase:
     exact_sums: ClassVar[bool] = True
     # run server_update even when no answer was accepted (ZO-HFL's server gradient)
     update_without_uploads: ClassVar[bool] = False
+    # the server's own data as one more, always-on client, run on the driver after the call
+    # (rayfl.algorithms.server_client; FedAvg's `server_as_client`), or None
+    server_client: Any = None
 
     fed: Federation
     cfg: AlgorithmConfig
@@ -152,7 +156,7 @@ class Phase:
         """Each accepted answer's relative weight in the sum of `key`; the driver normalises
         them into a weighted mean (except for `weighting: sum`) and multiplies in staleness."""
         kind = self.weighting_of(key)
-        if kind == "samples" and getattr(self, "server_client", None) is not None:  # it counts its own samples
+        if kind == "samples" and self.server_client is not None:  # it counts its own samples
             return np.array([r.num_samples for r in results], dtype=np.float64)
         if kind == "samples":
             return self.fed.client_sizes[np.asarray([r.client for r in results], dtype=np.int64)].astype(np.float64)
@@ -221,12 +225,10 @@ class Algorithm(Phase, Generic[S]):
         """The client calls of one server step, in order: just this one by default."""
         return [self]
 
-    def cohort(self, state: S, round: int) -> list[int]:
+    def cohort(self, state: S, rnd: Round) -> list[int]:
         """The clients sampled for a synchronous round: `participation` of them, or
         `clients_per_round`, uniformly (Poisson under DP's accountant)."""
-        from rayfl.driver.rounds import clients_this_round
-
-        return clients_this_round(self.fed, self.cfg, round)
+        return clients_this_round(self.fed, self.cfg, rnd.index)
 
     def model_of(self, state: S) -> np.ndarray:
         """The global model in a state: what is evaluated, checked and returned."""
@@ -234,16 +236,23 @@ class Algorithm(Phase, Generic[S]):
 
     def evaluate(self, state: S, rnd: Round) -> dict[str, Any]:
         """On the run's evaluation rounds: the global model on the global test set."""
-        from rayfl.driver.rounds import evaluate_global
-
         return evaluate_global(self.fed, self.model_of(state), rnd.index)
 
     def metrics(self, state: Any, uploads: Uploads, rnd: Round) -> dict[str, Any]:
-        """The driver's summary of the step: synchronously the updates counted and their
-        weighted training loss; asynchronously also their staleness."""
-        from rayfl.driver.rounds import default_metrics
-
-        return default_metrics(self, uploads)
+        """A step's summary: synchronously the accepted updates and their weighted training
+        loss (by the first upload's weights); asynchronously their mean loss and staleness."""
+        if uploads.asynchronous:
+            staleness = uploads.staleness
+            return {
+                "train_loss": float(np.mean([r["loss"] for r in uploads.results])),
+                "num_updates": len(uploads),
+                "staleness_mean": float(np.mean(staleness)),
+                "staleness_max": int(staleness.max()),
+            }
+        if not uploads:
+            return {"num_updates": 0}
+        weights = uploads.weights(self.uploads[0]) if self.uploads else np.full(len(uploads), 1.0 / len(uploads))
+        return round_metrics(uploads.results, weights)
 
     def summary(self, state: S, metrics: dict[str, Any]) -> dict[str, Any]:
         """What the run returns (the manifest's summary; `final_params` is the model)."""
@@ -265,7 +274,7 @@ class Algorithm(Phase, Generic[S]):
         return cls.asynchrony_refusal
 
     @classmethod
-    def asynchrony_of(cls, cfg: Any) -> AsyncSettings | None:
+    def asynchrony_of(cls, cfg: Any) -> AsynchronyConfig | None:
         """How the asynchronous driver runs this method under a job's config, or None for the
         synchronous driver: the job's `asynchrony:` section when it is on."""
         section = getattr(cfg, "asynchrony", None)
@@ -273,14 +282,13 @@ class Algorithm(Phase, Generic[S]):
 
     # ---------------------------------------------------------------- asynchrony
 
-    def asynchrony(self) -> AsyncSettings | None:
+    def asynchrony(self) -> AsynchronyConfig | None:
         """The asynchronous driver's settings for this run, or None (synchronous rounds)."""
         cfg = getattr(self.fed, "cfg", None)
         return None if cfg is None else type(self).asynchrony_of(cfg)
 
-    def dispatcher(self, settings: AsyncSettings, picks: Any) -> Dispatcher:
-        """Who runs the next asynchronous task: an idle client drawn uniformly."""
-        from rayfl.driver.asynchronous import IdleClients
-
-        return IdleClients(self, settings, picks)
+    def dispatcher(self, settings: AsynchronyConfig, run_state: Any) -> Any:
+        """Who runs the next asynchronous task (a rayfl.driver.asynchronous.Dispatcher), or
+        None for the driver's own: an idle client drawn uniformly when one finishes."""
+        return None
 

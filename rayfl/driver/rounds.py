@@ -12,7 +12,6 @@ import numpy as np
 from rayfl.config import AlgorithmConfig, RunConfig
 
 if TYPE_CHECKING:
-    from rayfl.driver.parts import Algorithm, Uploads
     from rayfl.engine import ClientResult, Federation
 
 
@@ -58,23 +57,6 @@ def round_metrics(results: Sequence[ClientResult], weights: np.ndarray) -> dict[
     ok = np.isfinite(losses)
     train_loss = float(np.sum(weights[ok] * losses[ok]) / max(np.sum(weights[ok]), 1e-12)) if ok.any() else float("nan")
     return {"train_loss": train_loss, "num_updates": len(results)}
-
-
-def default_metrics(alg: Algorithm, uploads: Uploads) -> dict[str, Any]:
-    """A step's summary: synchronously the accepted updates and their weighted training loss
-    (by the first upload's weights); asynchronously their mean loss and staleness."""
-    if uploads.asynchronous:
-        staleness = uploads.staleness
-        return {
-            "train_loss": float(np.mean([r["loss"] for r in uploads.results])),
-            "num_updates": len(uploads),
-            "staleness_mean": float(np.mean(staleness)),
-            "staleness_max": int(staleness.max()),
-        }
-    if not uploads:
-        return {"num_updates": 0}
-    weights = uploads.weights(alg.uploads[0]) if alg.uploads else np.full(len(uploads), 1.0 / len(uploads))
-    return round_metrics(uploads.results, weights)
 
 
 def check_finite(x: np.ndarray, round: int, what: str = "global model", lower: str = "algorithm.lr") -> None:

@@ -23,10 +23,12 @@ if TYPE_CHECKING:
 def run_sync(fed: Federation, alg: Algorithm) -> dict[str, Any]:
     """Run `alg` for `run.rounds` synchronous rounds (those after a checkpoint, on resume)."""
     state = fed.track(alg.init())
+    fed.model_of = alg.model_of  # what callbacks (the best model, trackers) read as the global model
     alg.start(state)
     metrics: dict[str, Any] = {}
     for r in fed.rounds(alg.rounds()):
-        rnd = Round(r, alg.cohort(state, r), alg.run.rounds)
+        rnd = Round(r, [], alg.run.rounds)
+        rnd.cohort = alg.cohort(state, rnd)
         metrics = {}
         for phase in alg.phases():
             ids = phase.clients(state, rnd)
@@ -50,7 +52,7 @@ def call_phase(fed: Federation, phase: Phase, state: Any, rnd: Round, ids: list[
     phase has one, the server's own update appended last), and how to combine them."""
     payload = phase.payload(state, rnd)
     per_client = phase.per_client(state, rnd, ids)
-    server = getattr(phase, "server_client", None)
+    server = phase.server_client
     keys = phase.uploads
     summed_on_hosts = bool(keys) and (phase.exact_sums or fed.pipeline is not None)
     extra: dict[str, Any] = {}

@@ -14,7 +14,7 @@ _WHERE = {
     "ClientContext": "rayfl.engine.context",
     "WorkMeter": "rayfl.engine.context",
     "Federation": "rayfl.engine.federation",
-    "ServerData": "rayfl.engine.federation",
+    "ServerData": "rayfl.engine.evaluation",
     "ClientResult": "rayfl.engine.tasks",
 }
 
@@ -23,7 +23,8 @@ __all__ = ["AsyncPool", "ClientContext", "ClientResult", "Federation", "ServerDa
 if TYPE_CHECKING:
     from rayfl.engine.asyncpool import AsyncPool
     from rayfl.engine.context import ClientContext, WorkMeter
-    from rayfl.engine.federation import Federation, ServerData
+    from rayfl.engine.evaluation import ServerData
+    from rayfl.engine.federation import Federation
     from rayfl.engine.tasks import ClientResult
 
 

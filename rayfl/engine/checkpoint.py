@@ -33,6 +33,7 @@ class Checkpoint:
     parts: dict[str, int] = field(default_factory=dict)
     pipeline: dict[str, Any] | None = None  # the round pipeline's state (adaptive clip, references)
     callbacks: list[dict[str, Any]] = field(default_factory=list)  # each callback's state_dict
+    model: Any = None  # the global model at the checkpoint, as the algorithm says (model.init_from reads it)
 
 
 def save_checkpoint(run_dir: Location, ckpt: Checkpoint) -> None:

@@ -75,6 +75,9 @@ class ClientContext:
     # Train the model's 2-D convolutions with channels-last weights (engine.channels_last, decided
     # once per run by the host: rayfl.models.channels_last); local_sgd reads it.
     channels_last: bool = False
+    # Set while the host runs the call's clients in lockstep (rayfl.engine.lockstep): local_sgd
+    # then parks here, to run batched with the other clients' local SGD.
+    lockstep: Any = None
 
     @property
     def num_samples(self) -> int:

@@ -13,12 +13,14 @@ order), so they cost no extra round trip."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import ctypes
 import functools
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,6 +31,7 @@ from rayfl.data.lazy import ClientIds
 from rayfl.data.rows import host_rows, is_file_rows
 from rayfl.engine.context import ClientContext
 from rayfl.engine.exact_sum import PRESUM, FixedPointSum, KeptValue, fixed_point_sum
+from rayfl.engine.lockstep import Lockstep, solve_together
 from rayfl.engine.payload import payload_nbytes, to_numpy_tree
 from rayfl.engine.vectorized import BatchedFn, use_batched, vectorize_mode
 from rayfl.models import build_model
@@ -37,6 +40,37 @@ from rayfl.pipeline.uploads import UploadSpec, flip_labels_of, transform_upload
 from rayfl.registry import Plugins
 
 ClientFn = Callable[..., dict]
+Rows = tuple[np.ndarray, np.ndarray | None]  # a client's train and test row indices
+
+
+@dataclass(frozen=True)
+class HostTask:
+    """One task of a `run_tasks` call: its client function and client, the key of its random
+    streams (its context's round), which of the call's payloads it gets, its task id, the
+    round pipeline's upload spec, and, for a client another host holds, its rows."""
+
+    fn: ClientFn
+    client: int
+    key: int
+    payload: int
+    task: int
+    uploads: UploadSpec | None = None
+    rows: Rows | None = None
+
+
+@dataclass
+class _Job:
+    """One client task as the host runs it: `fn(ctx, **broadcast, **extra)` on a context of
+    `round`, its work capped by `budget`, its new state staged under `task` (None: committed
+    at once)."""
+
+    client: int
+    round: int
+    broadcast: Mapping[str, Any]
+    extra: Mapping[str, Any]
+    budget: float | None = None
+    task: int | None = None
+    uploads: UploadSpec | None = None
 
 
 class ClientHostImpl:
@@ -102,7 +136,7 @@ class ClientHostImpl:
         self.states: dict[int, dict[str, Any]] = ClientStates()  # {} until a client first runs
         self.staged: dict[int, tuple[int, dict[str, Any]]] = {}  # task id -> (client, new state)
         self.kept: dict[int, dict[str, np.ndarray]] = {}  # task id -> outputs kept for `reduce`
-        self.foreign: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}  # other hosts' clients, this call only
+        self.foreign: dict[int, Rows] = {}  # other hosts' clients, this call only
 
     def _input_dtype(self) -> torch.dtype:
         """The dtype a client's inputs arrive in (float32 for a lazy population)."""
@@ -124,7 +158,7 @@ class ClientHostImpl:
         task_ids: Mapping[int, int] | None = None,
         settle: Mapping[int, bool] | None = None,
         keep: tuple[str, ...] = (),
-        foreign: Mapping[int, tuple[np.ndarray, np.ndarray | None]] | None = None,
+        foreign: Mapping[int, Rows] | None = None,
         uploads: UploadSpec | None = None,
         presum: Mapping[str, tuple[int, Mapping[int, float]]] | None = None,
     ) -> list[dict[str, Any]]:
@@ -154,46 +188,70 @@ class ClientHostImpl:
         if settle:
             self.settle(settle)
         self.kept.clear()
-        order = sorted(client_ids)
+        jobs = [_Job(cid, round, broadcast, per_client.get(cid, {}) if per_client else {},
+                     budgets.get(cid) if budgets else None, None if task_ids is None else task_ids[cid], uploads)
+                for cid in sorted(client_ids)]
+        with self._visiting(foreign):
+            records = self._execute(fn, jobs)
+            presums = self._keep(records, keep, task_ids, presum) if keep else {}
+        if presum and keep and records:
+            records[0][PRESUM] = presums
+        return records
+
+    def run_tasks(self, tasks: Sequence[HostTask], settle: Mapping[int, bool] | None,
+                  *payloads: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Run asynchronous tasks and return one record per task, in their order. Each task has
+        its own client function, stream key, payload (`payloads[task.payload]`: Ray resolves
+        object references only among a call's own arguments) and task id. A function's tasks
+        run as one batch through its twin under `engine.vectorize`, as `run`'s clients do.
+        Every task starts from its client's committed state after `settle`, so one client may
+        have several tasks here, each staging its own new state."""
+        if settle:
+            self.settle(settle)
+        self.kept.clear()
+        records: list[dict[str, Any]] = [{} for _ in tasks]
+        with self._visiting({t.client: t.rows for t in tasks if t.rows is not None}):
+            for fn, where in _by_function(tasks).items():
+                jobs = [_Job(tasks[i].client, tasks[i].key, payloads[tasks[i].payload], {}, None, tasks[i].task,
+                             tasks[i].uploads) for i in where]
+                for i, rec in zip(where, self._execute(fn, jobs), strict=True):
+                    records[i] = rec
+        return records
+
+    @contextlib.contextmanager
+    def _visiting(self, foreign: Mapping[int, Rows] | None) -> Iterator[None]:
+        """Other hosts' clients (client -> rows) run here for one call and leave nothing behind."""
         self.foreign = dict(foreign or {})
         try:
-            records, presums = self._run(fn, order, round, broadcast, per_client, budgets, task_ids, keep, uploads,
-                                         presum)
-            if presum and keep and records:
-                records[0][PRESUM] = presums
-            return records
+            yield
         finally:
-            for cid in self.foreign:  # a visiting client leaves nothing behind
+            for cid in self.foreign:
                 if not self.states.get(cid):
                     self.states.pop(cid, None)
             self.foreign = {}
 
-    def _run(
-        self, fn: ClientFn, order: list[int], round: int, broadcast: Mapping[str, Any],
-        per_client: Mapping[int, Mapping[str, Any]] | None, budgets: Mapping[int, float] | None,
-        task_ids: Mapping[int, int] | None, keep: tuple[str, ...], uploads: UploadSpec | None = None,
-        presum: Mapping[str, tuple[int, Mapping[int, float]]] | None = None,
-    ) -> tuple[list[dict[str, Any]], dict[str, tuple[int, dict[int, float], np.ndarray]]]:
-        """`run`'s records, and the partial sums `presum` asked for (see `_keep`)."""
-        for cid in order:
-            if cid not in self.client_train and cid not in self.foreign:
-                raise KeyError(f"host {self.host_id} does not host client {cid}")
-        twin = use_batched(self.vectorize, fn, len(order))
-        records = None
-        if twin is not None:
-            records = self._run_batched(twin, order, round, broadcast, per_client, budgets, task_ids, uploads)
+    def _execute(self, fn: ClientFn, jobs: list[_Job]) -> list[dict[str, Any]]:
+        """One record per job: all of them as one batch through `fn`'s twin under
+        `engine.vectorize`, else one after another."""
+        for job in jobs:
+            if job.client not in self.client_train and job.client not in self.foreign:
+                raise KeyError(f"host {self.host_id} does not host client {job.client}")
+        twin = use_batched(self.vectorize, fn, len(jobs))
+        records = None if twin is None else self._run_batched(twin, jobs)
+        if twin is None and self.vectorize != "off":  # no twin: its rayfl.local_sgd calls run batched
+            records = self._run_lockstep(fn, jobs)
         if records is None:
-            records = []
-            for cid in order:
-                state, ctx, extra = self._prepare(cid, round, per_client, budgets, uploads)
-                out = fn(ctx, **broadcast, **extra)
-                records.append(self._record(fn, cid, ctx, state, out, broadcast, extra, task_ids, uploads))
+            records = [self._run_one(fn, job) for job in jobs]
         for rec in records:
             if rec["client"] in self.foreign and rec["state_changed"]:
                 raise RuntimeError(f"client function {getattr(fn, '__name__', fn)} is marked stateless "
                                    f"(rayfl.stateless) but changed client {rec['client']}'s state")
-        presums = self._keep(records, keep, task_ids, presum) if keep else {}
-        return records, presums
+        return records
+
+    def _run_one(self, fn: ClientFn, job: _Job) -> dict[str, Any]:
+        state, ctx = self._prepare(job)
+        out = fn(ctx, **job.broadcast, **job.extra)
+        return self._record(fn, job, ctx, state, out)
 
     def _keep(
         self, records: list[dict[str, Any]], keep: tuple[str, ...], task_ids: Mapping[int, int] | None,
@@ -239,69 +297,56 @@ class ClientHostImpl:
             return np.multiply(value, weight, dtype=np.float64)
         return fixed_point_sum(terms, exponent, terms[0][0].shape if terms else (0,))
 
-    def _prepare(
-        self, cid: int, round: int, per_client: Mapping[int, Mapping[str, Any]] | None, budgets: Mapping[int, float] | None,
-        uploads: UploadSpec | None = None,
-    ) -> tuple[dict[str, Any], ClientContext, dict[str, Any]]:
-        """A task's private state copy, its context (with its work budget) and its own payload
-        (a Byzantine client of a data attack sees its labels flipped)."""
+    def _prepare(self, job: _Job) -> tuple[dict[str, Any], ClientContext]:
+        """A task's private state copy and its context (with its work budget; a Byzantine
+        client of a data attack sees its labels flipped)."""
+        cid = job.client
         state = copy_state(self.states[cid])
-        ctx = self._context(cid, round, state)
-        ctx.y = flip_labels_of(ctx.y, uploads, cid)
-        if budgets is not None and cid in budgets:
-            ctx.work.budget_flops = budgets[cid]
-        extra = dict(per_client.get(cid, {})) if per_client else {}
-        return state, ctx, extra
+        ctx = self._context(cid, job.round, state)
+        ctx.y = flip_labels_of(ctx.y, job.uploads, cid)
+        if job.budget is not None:
+            ctx.work.budget_flops = job.budget
+        return state, ctx
 
-    def _run_batched(
-        self,
-        twin: BatchedFn,
-        order: list[int],
-        round: int,
-        broadcast: Mapping[str, Any],
-        per_client: Mapping[int, Mapping[str, Any]] | None,
-        budgets: Mapping[int, float] | None,
-        task_ids: Mapping[int, int] | None,
-        uploads: UploadSpec | None = None,
-    ) -> list[dict[str, Any]] | None:
-        """All of `order`'s tasks through the algorithm's batched twin (rayfl.engine.vectorized);
-        None when the twin declines this batch (the caller then loops, on fresh contexts)."""
-        prepared = [self._prepare(cid, round, per_client, budgets, uploads) for cid in order]
+    def _run_batched(self, twin: BatchedFn, jobs: list[_Job]) -> list[dict[str, Any]] | None:
+        """All jobs through the algorithm's batched twin (rayfl.engine.vectorized); None when
+        the twin declines this batch (the caller then loops, on fresh contexts)."""
+        prepared = [self._prepare(job) for job in jobs]
         with vectorize_mode(self.vectorize):
-            outs = twin([ctx for _, ctx, _ in prepared], [{**broadcast, **extra} for _, _, extra in prepared])
+            outs = twin([ctx for _, ctx in prepared], [{**job.broadcast, **job.extra} for job in jobs])
         if outs is None:
             return None
-        if len(outs) != len(order):
-            raise ValueError(f"batched client function {getattr(twin, '__name__', twin)} returned {len(outs)} results for {len(order)} clients")
-        return [
-            self._record(twin, cid, ctx, state, out, broadcast, extra, task_ids, uploads)
-            for cid, (state, ctx, extra), out in zip(order, prepared, outs, strict=True)
-        ]
+        if len(outs) != len(jobs):
+            raise ValueError(f"batched client function {getattr(twin, '__name__', twin)} returned {len(outs)} results "
+                             f"for {len(jobs)} clients")
+        return [self._record(twin, job, ctx, state, out) for job, (state, ctx), out in zip(jobs, prepared, outs, strict=True)]
 
-    def _record(
-        self,
-        fn: Callable[..., Any],
-        cid: int,
-        ctx: ClientContext,
-        state: dict[str, Any],
-        out: Any,
-        broadcast: Mapping[str, Any],
-        extra: Mapping[str, Any],
-        task_ids: Mapping[int, int] | None,
-        uploads: UploadSpec | None = None,
-    ) -> dict[str, Any]:
+    def _run_lockstep(self, fn: ClientFn, jobs: list[_Job]) -> list[dict[str, Any]]:
+        """All jobs through `fn` in lockstep (rayfl.engine.lockstep): each client's local SGD
+        runs batched with the others'. A single job too, so that which path a client takes
+        never depends on how many clients share its host."""
+        prepared = [self._prepare(job) for job in jobs]
+        with vectorize_mode(self.vectorize):
+            outs = Lockstep().run(fn, [(ctx, {**job.broadcast, **job.extra}) for job, (_, ctx) in zip(jobs, prepared,
+                                                                                                        strict=True)],
+                                  solve_together)
+        return [self._record(fn, job, ctx, state, out) for job, (state, ctx), out in zip(jobs, prepared, outs, strict=True)]
+
+    def _record(self, fn: Callable[..., Any], job: _Job, ctx: ClientContext, state: dict[str, Any],
+                out: Any) -> dict[str, Any]:
         """Stage (or commit) the task's state and describe what it did and sends."""
         if not isinstance(out, Mapping):
             raise TypeError(f"client function {getattr(fn, '__name__', fn)} must return a dict")
+        cid, uploads = job.client, job.uploads
         values = to_numpy_tree(dict(out))
         upload = None
         if uploads is not None:
             values, upload = transform_upload(values, state, uploads, cid, ctx.round, self.seed)
         changed = not same_state(state, self.states[cid])
-        if task_ids is None:
+        if job.task is None:
             self.states[cid] = state
         elif changed:
-            self.staged[task_ids[cid]] = (cid, state)
+            self.staged[job.task] = (cid, state)
         return {
             "client": cid,
             "host": self.host_id,
@@ -312,7 +357,7 @@ class ClientHostImpl:
             "local_steps": ctx.work.steps,
             "truncated": ctx.work.truncated,
             "bytes_up": payload_nbytes(values) if upload is None else upload.bytes_up,
-            "bytes_down": payload_nbytes(broadcast) + payload_nbytes(extra),
+            "bytes_down": payload_nbytes(job.broadcast) + payload_nbytes(job.extra),
             "state_changed": changed,
             "pipeline": {} if upload is None else upload.row(),
         }
@@ -389,6 +434,14 @@ class ClientHostImpl:
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "torch_threads": torch.get_num_threads(),
         }
+
+
+def _by_function(tasks: Sequence[HostTask]) -> dict[ClientFn, list[int]]:
+    """The tasks' positions grouped by client function, in order of first appearance."""
+    groups: dict[ClientFn, list[int]] = {}
+    for i, task in enumerate(tasks):
+        groups.setdefault(task.fn, []).append(i)
+    return groups
 
 
 class ClientStates(dict):

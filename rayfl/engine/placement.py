@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rayfl.config import EngineConfig
-from rayfl.engine.resources import ResourceError
+from rayfl.errors import ResourceError
 
 
 @dataclass(frozen=True)

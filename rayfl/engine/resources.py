@@ -17,16 +17,11 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from rayfl.config import ConfigError, EngineConfig
-
-if TYPE_CHECKING:  # placement imports ResourceError from here
-    from rayfl.engine.placement import Placement
-
-
-class ResourceError(ConfigError):
-    """A resource request the Ray cluster cannot meet; `key` names the engine field to change."""
+from rayfl.config import EngineConfig
+from rayfl.engine.placement import Placement, plan_placement
+from rayfl.errors import ResourceError
 
 
 @dataclass(frozen=True)
@@ -358,8 +353,6 @@ def check_local_cluster(cfg: EngineConfig, num_clients: int | None) -> None:
     host count of `clients_per_host: auto` does not depend on it, an explicit one is not checked."""
     import torch
 
-    from rayfl.engine.placement import plan_placement
-
     if num_clients is None:
         if cfg.clients_per_host != "auto" and cfg.num_hosts is None:
             return
@@ -388,12 +381,12 @@ def ray_gpu_count() -> int:
         return 0
 
 
-def check_cluster(cfg: EngineConfig, num_clients: int) -> None:
-    """Federation's check, for a caller (the runner) to make before it creates anything, such
-    as a run directory, for a run that could never start."""
+def check_cluster(cfg: EngineConfig, num_clients: int) -> Placement:
+    """The run's placement on the joined cluster, checked to fit it: the runner plans it once,
+    before it creates anything (such as a run directory) for a run that could never start,
+    and hands it to the Federation, which plans and checks it itself when given none."""
     import ray
-
-    from rayfl.engine.placement import plan_placement
 
     placement = plan_placement(cfg, num_clients, ray.cluster_resources())
     check_request(host_request(cfg, placement, num_clients), cluster_capacity())
+    return placement

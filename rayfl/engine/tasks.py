@@ -6,13 +6,14 @@ Everything here is plain Python over numbers, so the policies are tested without
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from rayfl.engine.exact_sum import KeptValue
+from rayfl.engine.payload import payload_nbytes
 from rayfl.engine.system import SystemModel, TaskTiming
 from rayfl.rng import numpy_rng
 
@@ -198,3 +199,18 @@ def close_round(results: list[ClientResult], policy: str, start: float, deadline
                 r.outcome = LATE
         return close
     raise ValueError(f"unknown policy {policy}")
+
+
+def deadline_budgets(system: SystemModel, ids: list[int], deadline: float, payload: Mapping[str, Any],
+                     per_client: Mapping[int, Mapping[str, Any]] | None, uploads: Any, num_params: int) -> dict[int, float]:
+    """The FLOPs each client may spend under a deadline with partial work and still answer in
+    time. Its download is the payload (and its own part of it); its upload is assumed as large
+    (model in, model out), or the encoded size of the model's update when the round pipeline
+    (`uploads`, an UploadSpec) compresses it."""
+    base = payload_nbytes(payload)
+    budgets: dict[int, float] = {}
+    for c in ids:
+        down = base + (payload_nbytes(per_client.get(c)) if per_client else 0)
+        up = down if uploads is None else uploads.estimate(num_params, down)
+        budgets[c] = system.compute_budget(c, deadline, down, up)
+    return budgets

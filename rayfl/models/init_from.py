@@ -45,8 +45,8 @@ def run_final_params(run_dir: Path, input_shape: tuple[int, ...], num_classes: i
     from rayfl.engine.checkpoint import load_checkpoint
     from rayfl.models.networks import build_model
     from rayfl.models.params import get_flat
+    from rayfl.results.storage import run_manifest
     from rayfl.rng import derive_seed
-    from rayfl.runner import run_manifest
 
     location, manifest = run_manifest(run_dir)
     config = manifest["config"]
@@ -58,7 +58,10 @@ def run_final_params(run_dir: Path, input_shape: tuple[int, ...], num_classes: i
         torch.manual_seed(derive_seed(int(config["run"]["seed"]), "model.init"))
         model = build_model(cfg, input_shape, num_classes)
     fresh = get_flat(model).numpy()
-    vec = state_vector(ckpt.server_state, len(fresh))
+    saved = ckpt.model
+    vec = saved.astype(np.float32) if isinstance(saved, np.ndarray) and saved.shape == fresh.shape else None
+    if vec is None:  # a checkpoint from before the drivers recorded the model: read the state
+        vec = state_vector(ckpt.server_state, len(fresh))
     if vec is None:
         vec = theta_vector(ckpt.server_state, model, fresh, config.get("algorithm", {}))
     if vec is None:

@@ -16,13 +16,17 @@ rename, so they get a temporary dot-name and a move. Local disk is handled by th
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow.fs as pafs
+
+from rayfl.errors import ConfigError
 
 # How a directory is named to users: a Path on local disk, the URI string elsewhere.
 RunDir = Path | str
@@ -144,3 +148,15 @@ def fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def run_manifest(run_dir: str | Path) -> tuple[Location, dict[str, Any]]:
+    """A run directory and its manifest, or a ConfigError naming the directory."""
+    location = Location.parse(run_dir)
+    manifest_at = location.child("manifest.json")
+    if not manifest_at.is_file():
+        raise ConfigError("run_dir", f"{location} holds no run (no manifest.json)")
+    try:
+        return location, json.loads(manifest_at.read_bytes())
+    except (OSError, ValueError) as e:
+        raise ConfigError("run_dir", f"{location} holds no readable run manifest ({e})") from e
