@@ -143,6 +143,15 @@ def test_fedavgm_and_feddyn_server_steps_match_hand_computations(package: Path, 
     s2 = alg.server_update(s1, Uploads.of({"delta": d2}), rnd)
     np.testing.assert_allclose(s2.velocity, 0.5 * d1 + d2)
     np.testing.assert_allclose(s2.x, x0 + 2.0 * d1 + 2.0 * (0.5 * d1 + d2), rtol=1e-6)
+    # the built-in `server_optimizer: {name: momentum}` takes the same steps, bit for bit
+    from rayfl.algorithms.fedavg import FedAvg, FedAvgConfig
+    from rayfl.algorithms.server_opt import ModelState, ServerOptimizerConfig
+
+    builtin = FedAvg.__new__(FedAvg)
+    builtin.cfg = FedAvgConfig(server_lr=2.0, server_optimizer=ServerOptimizerConfig(name="momentum", beta1=0.5))
+    b2 = builtin.server_update(builtin.server_update(ModelState(x=x0), Uploads.of({"delta": d1}), rnd),
+                               Uploads.of({"delta": d2}), rnd)
+    np.testing.assert_array_equal(b2.x, s2.x)
 
     feddyn = guide_module(package, monkeypatch, "feddyn")
     dyn = feddyn.FedDyn.__new__(feddyn.FedDyn)

@@ -105,3 +105,38 @@ def test_fedavg_with_fedadam_and_a_step_schedule_equals_its_two_rounds_by_hand()
         x = p.detach().numpy().astype(np.float32)
     np.testing.assert_allclose(out["final_params"], x, rtol=1e-6, atol=1e-7)
     assert fed.server_state.moments.steps == 2
+
+
+def test_momentum_is_fedavgm_by_hand():
+    """v_1 = delta_1, v_2 = beta v_1 + delta_2; x_t = x_{t-1} + lr v_t (the extending guide's
+    FedAvgM, as a built-in server optimizer)."""
+    cfg, moments = ServerOptimizerConfig(name="momentum", beta1=0.5), AdamMoments()
+    x0, d1, d2 = np.array([1.0, -1.0]), np.array([0.2, 0.4]), np.array([-0.6, 0.1])
+    x1 = server_step(x0, d1, 2.0, cfg, moments)
+    np.testing.assert_allclose(x1, [1.4, -0.2], rtol=1e-15)
+    x2 = server_step(x1, d2, 2.0, cfg, moments)
+    np.testing.assert_allclose(x2, [1.4 + 2.0 * (0.1 - 0.6), -0.2 + 2.0 * (0.2 + 0.1)], rtol=1e-14)
+    np.testing.assert_allclose(moments.m, [-0.5, 0.3], rtol=1e-14)
+    assert moments.steps == 2
+
+
+def test_yogi_steps_by_hand():
+    """FedYogi (Reddi et al., Alg. 2) with g = -delta: v starts at tau^2 and moves by
+    -(1 - b2) g^2 sign(v - g^2), so it grows while g^2 exceeds it and shrinks after; no bias
+    correction."""
+    b1, b2, tau, lr = 0.5, 0.9, 0.1, 0.2
+    cfg, moments = ServerOptimizerConfig(name="yogi", beta1=b1, beta2=b2, eps=tau), AdamMoments()
+    x = server_step(np.array([0.0]), np.array([-1.0]), lr, cfg, moments)  # g = 1
+    m, v = 0.5 * 1.0, 0.01 + 0.1 * 1.0  # v < g^2: it grows by (1 - b2) g^2
+    np.testing.assert_allclose(x, [-lr * m / (np.sqrt(v) + tau)], rtol=1e-14)
+    x = server_step(x, np.array([-0.1]), lr, cfg, moments)  # g = 0.1, g^2 = 0.01 < v: it shrinks
+    m2, v2 = 0.5 * m + 0.5 * 0.1, v - 0.1 * 0.01
+    np.testing.assert_allclose(x, [-lr * m / (np.sqrt(v) + tau) - lr * m2 / (np.sqrt(v2) + tau)], rtol=1e-14)
+    np.testing.assert_allclose([moments.m[0], moments.v[0]], [m2, v2], rtol=1e-14)
+
+
+def test_every_server_optimizer_is_accepted_and_an_unknown_one_named():
+    for name in ("sgd", "momentum", "adam", "yogi"):
+        load_config(None, ["algorithm.name=fedavg", f"algorithm.server_optimizer={{name: {name}}}"])
+    with pytest.raises(ConfigError, match=r"algorithm\.server_optimizer\.name.*'momentum', 'adam', 'yogi'"):
+        load_config(None, ["algorithm.name=fedavg", "algorithm.server_optimizer={name: adagrad}"])

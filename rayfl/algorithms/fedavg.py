@@ -41,8 +41,9 @@ class FedAvgConfig(AlgorithmConfig):
     local_steps with H_{i,r} steps, e.g. ZO-HFL's ceil(tau sqrt(r + 1)); `lr_schedule:
     harmonic` uses lr / (t + lr_offset) at in-round step t (ZO-HFL's 0.1 / (t + 1)).
     `server_as_client` adds the server's data as an always-on client (an ablation; the
-    papers' baselines do not use it). `server_optimizer: {name: adam}` is FedAdam (Reddi et
-    al. 2021) on the pseudo-gradient -mean delta at `server_lr`; `round_lr` schedules the
+    papers' baselines do not use it). `server_optimizer: {name: momentum}` is FedAvgM,
+    `adam` FedAdam and `yogi` FedYogi (Reddi et al. 2021) on the pseudo-gradient -mean delta
+    at `server_lr`; `round_lr` schedules the
     clients' lr across rounds (linear warm-up and decay, or step halving)."""
 
     uploads: ClassVar[tuple[str, ...]] = ("delta",)
@@ -64,8 +65,8 @@ class FedAvgConfig(AlgorithmConfig):
     # Train on the server's data (data.server_fraction > 0) as an extra, always-on client: an
     # ablation.
     server_as_client: bool = False
-    # The server's step on the mean delta: sgd, or adam (FedAdam on the pseudo-gradient -mean delta
-    # at server_lr); sub-keys below.
+    # The server's step on the mean delta at server_lr: sgd, momentum (FedAvgM), adam (FedAdam) or
+    # yogi (FedYogi), on the pseudo-gradient -mean delta; sub-keys below.
     server_optimizer: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
     # A schedule of the clients' lr across rounds (warm-up and linear decay, or step halving);
     # sub-keys below.

@@ -114,8 +114,8 @@ class LocalFFGGConfig(FFGGConfig):
     # The local theta step of the alternating (w, theta) steps (> 0); null: 1/L on the quadratic,
     # algorithm.lr on networks.
     theta_lr: float | None = None
-    # The server's step on the mean model delta: sgd at server_lr (null: 1), or adam (FedAdam);
-    # sub-keys below.
+    # The server's step on the mean model delta at server_lr (null: 1): sgd, momentum (FedAvgM),
+    # adam (FedAdam) or yogi (FedYogi); sub-keys below.
     server_optimizer: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
     # A schedule across rounds scaling both client step sizes (w and theta); sub-keys below.
     round_lr: RoundLRConfig = field(default_factory=RoundLRConfig)

@@ -2,7 +2,9 @@
 
 Reddi et al., "Adaptive Federated Optimization" (ICLR 2021): the mean model delta is a
 pseudo-gradient g = -mean(delta) for any optimizer on the server. `sgd` with server_lr 1 is
-FedAvg's plain average; `adam` is FedAdam, used by the FFGG paper's Table 2 for StackOverflow
+FedAvg's plain average; `momentum` is FedAvgM (Hsu et al., "Measuring the Effects of
+Non-Identical Data Distribution for Federated Visual Classification", 2019); `yogi` is FedYogi
+(Reddi et al., Alg. 2: no bias correction, v starting at tau^2); `adam` is FedAdam, used by the FFGG paper's Table 2 for StackOverflow
 and GLDv2 with unreported constants, for which the spec (partial-personalization 6.16) takes
 torch's Adam: beta1 0.9, beta2 0.999, eps 1e-8, bias-corrected moments. The moments live in the
 algorithm's tracked server state, so checkpoints carry them."""
@@ -19,21 +21,22 @@ from rayfl.config import ConfigError
 
 @dataclass
 class ServerOptimizerConfig:
-    """name: sgd (x + server_lr * mean delta) or adam (FedAdam); beta1, beta2, eps: Adam's."""
+    """name: sgd, momentum (FedAvgM), adam (FedAdam) or yogi (FedYogi); beta1, beta2, eps."""
 
-    # The server optimizer on the pseudo-gradient g = -mean delta: sgd (x + server_lr * mean delta)
-    # or adam (FedAdam, bias-corrected moments kept in checkpoints).
-    name: Literal["sgd", "adam"] = "sgd"
-    # adam only: the first moment's decay, in [0, 1).
+    # The server optimizer on the pseudo-gradient g = -mean delta: sgd (x + server_lr * mean delta),
+    # momentum (FedAvgM: v = beta1 v + mean delta, x + server_lr v), adam (FedAdam, bias-corrected)
+    # or yogi (FedYogi); their moments are kept in checkpoints.
+    name: Literal["sgd", "momentum", "adam", "yogi"] = "sgd"
+    # momentum: the server momentum; adam, yogi: the first moment's decay. In [0, 1).
     beta1: float = 0.9
-    # adam only: the second moment's decay, in [0, 1).
+    # adam, yogi: the second moment's decay, in [0, 1).
     beta2: float = 0.999
-    # adam only: added to the root of the second moment (> 0).
+    # adam: added to the root of the second moment; yogi: tau, also v's start (tau^2). > 0.
     eps: float = 1e-8
 
     def validate_as(self, key: str) -> None:
-        if self.name not in ("sgd", "adam"):
-            raise ConfigError(f"{key}.name", f"unknown {self.name!r}; allowed: sgd, adam")
+        if self.name not in ("sgd", "momentum", "adam", "yogi"):
+            raise ConfigError(f"{key}.name", f"unknown {self.name!r}; allowed: sgd, momentum, adam, yogi")
         for field_name in ("beta1", "beta2"):
             value = getattr(self, field_name)
             if not 0.0 <= value < 1.0:
@@ -44,7 +47,8 @@ class ServerOptimizerConfig:
 
 @dataclass
 class AdamMoments:
-    """FedAdam's first and second moments of the pseudo-gradient (float64) and its step count."""
+    """A server optimizer's moments (float64) and its step count: FedAvgM's velocity in `m`,
+    FedAdam's and FedYogi's first and second moments of the pseudo-gradient."""
 
     m: np.ndarray | None = None
     v: np.ndarray | None = None
@@ -64,19 +68,33 @@ def server_step(
 ) -> np.ndarray:
     """x after one server step on the round's mean delta, in float64 (the caller casts).
 
-    sgd:  x + lr * delta
-    adam: g = -delta; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2  (moments updated in place);
-          x - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)"""
+    sgd:      x + lr * delta
+    momentum: m = b1 m + delta (m = delta at the first step); x + lr * m
+    adam:     g = -delta; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+              x - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+    yogi:     g = -delta; m = b1 m + (1 - b1) g; v = v - (1 - b2) g^2 sign(v - g^2), v from eps^2;
+              x - lr * m / (sqrt(v) + eps)
+    The moments are updated in place."""
     if cfg.name == "sgd":
         return x + lr * delta
     if moments is None:
-        raise ValueError("FedAdam needs the server state's AdamMoments")
+        raise ValueError(f"the {cfg.name} server optimizer needs the server state's AdamMoments")
+    moments.steps += 1
+    x64 = np.asarray(x, dtype=np.float64)
+    if cfg.name == "momentum":
+        d = np.asarray(delta, dtype=np.float64)
+        moments.m = d if moments.m is None else cfg.beta1 * moments.m + d
+        return x64 + lr * moments.m
     g = -np.asarray(delta, dtype=np.float64)
     if moments.m is None or moments.v is None:
-        moments.m, moments.v = np.zeros_like(g), np.zeros_like(g)
-    moments.steps += 1
+        moments.m = np.zeros_like(g)
+        moments.v = np.zeros_like(g) if cfg.name == "adam" else np.full_like(g, cfg.eps**2)
     moments.m = cfg.beta1 * moments.m + (1.0 - cfg.beta1) * g
-    moments.v = cfg.beta2 * moments.v + (1.0 - cfg.beta2) * g * g
+    g2 = g * g
+    if cfg.name == "yogi":
+        moments.v = moments.v - (1.0 - cfg.beta2) * g2 * np.sign(moments.v - g2)
+        return x64 - lr * moments.m / (np.sqrt(moments.v) + cfg.eps)
+    moments.v = cfg.beta2 * moments.v + (1.0 - cfg.beta2) * g2
     m_hat = moments.m / (1.0 - cfg.beta1**moments.steps)
     v_hat = moments.v / (1.0 - cfg.beta2**moments.steps)
-    return np.asarray(x, dtype=np.float64) - lr * m_hat / (np.sqrt(v_hat) + cfg.eps)
+    return x64 - lr * m_hat / (np.sqrt(v_hat) + cfg.eps)
