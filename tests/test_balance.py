@@ -136,7 +136,7 @@ def test_a_host_killed_before_the_sum_reruns_the_clients_it_ran(ray_local, tmp_p
     """Pre-aggregation keeps FedAvg's deltas on the hosts that ran them, balanced clients
     included: a host killed between the round and the server's sum is replaced, re-runs the
     tasks it ran (visitors too, from their rows) and the run ends with the failure-free bits."""
-    import ray
+    from test_host_failures import kill_and_wait
 
     from rayfl.engine.federation import Federation
 
@@ -152,7 +152,7 @@ def test_a_host_killed_before_the_sum_reruns_the_clients_it_ran(ray_local, tmp_p
     def kill_then_sum(self, results, key, weights):
         visitors = [r for r in results if r.host != self.host_of(r.client)]
         if not killed and key == "delta" and visitors:
-            ray.kill(self.hosts[visitors[0].host], no_restart=True)
+            kill_and_wait(self.hosts[visitors[0].host])
             killed.append(visitors[0].host)
         return original(self, results, key, weights)
 

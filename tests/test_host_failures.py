@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,21 @@ def comparable(df: pd.DataFrame) -> pd.DataFrame:
     keys = [c for c in ("round", "phase", "client", "split") if c in df.columns]
     out = df.drop(columns=[c for c in IGNORED if c in df.columns]).sort_values(keys, kind="stable")
     return out.reset_index(drop=True)
+
+
+def kill_and_wait(actor) -> None:
+    """Kill a host actor and return once it is dead: `ray.kill` only asks, so a call sent right
+    after it may still be answered, and a run that never calls that host again would never
+    notice the failure a test planted."""
+    import ray
+
+    ray.kill(actor, no_restart=True)
+    while True:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=30)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.05)
 
 
 def job(results_dir: Path, run_id: str, *extra: str):

@@ -246,7 +246,7 @@ def test_scaffold_with_a_host_killed_before_the_servers_sum(tmp_path, monkeypatc
     """SCAFFOLD keeps two outputs; in round 1 a host is killed after the clients ran and
     before the server summed: its accepted tasks run again on a replacement host, and the run
     ends with the same bits as the failure-free run with pre-aggregation off."""
-    import ray
+    from test_host_failures import kill_and_wait
 
     from rayfl.engine.federation import Federation
 
@@ -257,7 +257,7 @@ def test_scaffold_with_a_host_killed_before_the_servers_sum(tmp_path, monkeypatc
 
     def kill_then_sum(self, results, key, weights):
         if not killed and key == "delta" and results and results[0].round == 1:
-            ray.kill(self.hosts[results[0].host], no_restart=True)
+            kill_and_wait(self.hosts[results[0].host])
             killed.append(results[0].host)
         return original(self, results, key, weights)
 
