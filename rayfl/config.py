@@ -663,8 +663,8 @@ class OutputConfig:
 
 # The sections of the round pipeline (privacy, compression, robust) and of the asynchronous
 # driver are defined with them.
-from rayfl.driver.checks import check_driver  # noqa: E402
-from rayfl.driver.settings import AsynchronyConfig  # noqa: E402
+from rayfl.driver.checks import check_driver, check_server_optimizer  # noqa: E402
+from rayfl.driver.settings import AsynchronyConfig, ServerConfig  # noqa: E402
 from rayfl.pipeline.sections import (  # noqa: E402
     CompressionConfig,
     PrivacyConfig,
@@ -687,6 +687,7 @@ class Config:
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     robust: RobustSection = field(default_factory=RobustSection)
     asynchrony: AsynchronyConfig = field(default_factory=AsynchronyConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
     callbacks: list[CallbackConfig] = field(default_factory=list)
 
     def validate(self) -> None:
@@ -706,6 +707,7 @@ class Config:
         algorithm = algorithm_class(self)
         check_pipeline(self, algorithm)
         check_driver(self, algorithm)
+        check_server_optimizer(self, algorithm)
         data, partition = self.data, self.partition
         data.check_partition(partition)
         alg = self.algorithm

@@ -26,7 +26,9 @@ ASYNC = ["asynchrony.enabled=true", "asynchrony.concurrency=6", "asynchrony.buff
 FEDAVG = ["algorithm.name=fedavg", "algorithm.lr=0.1"]
 ALGORITHMS = {
     "fedavg": FEDAVG,
-    "fedprox": ["algorithm.name=fedprox", "algorithm.lr=0.1", "algorithm.mu=0.1"],
+    # with the `server:` section's momentum, applied at every asynchronous step and checkpointed
+    "fedprox": ["algorithm.name=fedprox", "algorithm.lr=0.1", "algorithm.mu=0.1", "server.optimizer=momentum",
+                "server.beta1=0.5"],
     "ffgg": ["algorithm.name=ffgg", "model.name=mlp", "model.hidden=[16]", "algorithm.tau=2"],
 }
 

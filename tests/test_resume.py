@@ -77,7 +77,8 @@ def sigterm_after(round_: int):
 
 
 ALGORITHMS = {
-    "scaffold": ["algorithm.name=scaffold", "algorithm.lr=0.05"],
+    # with the `server:` section's Adam: its moments travel with the checkpoint
+    "scaffold": ["algorithm.name=scaffold", "algorithm.lr=0.05", "server.optimizer=adam", "server.lr=0.01"],
     "fedbuff": ["algorithm.name=fedbuff", "algorithm.concurrency=6", "algorithm.buffer_size=3", "run.rounds=9"],
 }
 
@@ -99,6 +100,7 @@ def test_sigterm_then_resume_equals_the_uninterrupted_run(ray_local, results_dir
         assert ckpt.pools and len(ckpt.pools[0]["tasks"]) == 5  # in flight at the stop (6 less the last arrival)
     else:
         assert ckpt.client_states  # SCAFFOLD's c_i travel with the checkpoint
+        assert ckpt.driver["server_optimizer"].steps == 5  # and the server's Adam moments
     resumed = load(resume_experiment(run_dir).run_dir)
     assert resumed.manifests["status"].iloc[0] == "completed"
     assert_same_tables(whole, resumed)

@@ -3,6 +3,9 @@ hand / against torch.optim.Adam, and FedAvg's loop using both (in process, no Ra
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +15,9 @@ from rayfl.algorithms.local import LocalSchedule
 from rayfl.algorithms.round_lr import RoundLRConfig, round_lr
 from rayfl.algorithms.server_opt import AdamMoments, ServerOptimizerConfig, server_step
 from rayfl.config import ConfigError, RunConfig, load_config
-from rayfl.driver import drive
+from rayfl.driver import Algorithm, drive
+from rayfl.driver.server_optimizer import ServerOptimizer
+from rayfl.driver.settings import ServerConfig
 from tests.test_maml_baselines import InProcessFed, tiny_dataset, x0
 
 
@@ -140,3 +145,50 @@ def test_every_server_optimizer_is_accepted_and_an_unknown_one_named():
         load_config(None, ["algorithm.name=fedavg", f"algorithm.server_optimizer={{name: {name}}}"])
     with pytest.raises(ConfigError, match=r"algorithm\.server_optimizer\.name.*'momentum', 'adam', 'yogi'"):
         load_config(None, ["algorithm.name=fedavg", "algorithm.server_optimizer={name: adagrad}"])
+
+
+@dataclass
+class TwoModels:
+    x: np.ndarray
+    other: float = 0.0
+
+
+def test_the_drivers_momentum_steps_any_algorithms_model_change_by_hand():
+    """x' from the algorithm's own update; the driver sets x_t = x_{t-1} + lr v_t with
+    v_t = beta v_{t-1} + (x' - x_{t-1}), and keeps the rest of the state as the update made it."""
+    alg = Algorithm.__new__(Algorithm)
+    opt = ServerOptimizer(alg, ServerConfig(optimizer="momentum", lr=2.0, beta1=0.5), AdamMoments())
+    x0 = np.array([1.0, -1.0], dtype=np.float32)
+    s1 = opt(opt.start(TwoModels(x0)), TwoModels(x0 + np.float32([0.25, 0.5]), other=3.0))
+    np.testing.assert_array_equal(s1.x, np.float32([1.5, 0.0]))
+    assert s1.x.dtype == np.float32 and s1.other == 3.0
+    s2 = opt(opt.start(s1), TwoModels(s1.x + np.float32([-0.5, 0.25])))
+    np.testing.assert_allclose(s2.x, [1.5 + 2.0 * (0.125 - 0.5), 0.0 + 2.0 * (0.25 + 0.25)], rtol=1e-7)
+    assert opt.moments.steps == 2
+
+
+def test_the_servers_section_on_fedavg_equals_fedavgs_own_optimizer():
+    """`server: {optimizer: yogi}` applied by the driver to FedAvg's plain average is
+    `algorithm.server_optimizer: {name: yogi}` (to float32 rounding of the averaged step)."""
+    ds, start = tiny_dataset(), x0()
+    yogi = ServerOptimizerConfig(name="yogi", beta1=0.5, beta2=0.9, eps=0.01)
+    common = dict(lr=0.3, local_steps=2, local_epochs=None, batch_size=4, clients_per_round=2)
+    own = SummingFed(ds, start)
+    out_own = drive(own, FedAvg, FedAvgConfig(**common, server_lr=0.05, server_optimizer=yogi), RunConfig(rounds=3, eval_every=5))
+    driven = SummingFed(ds, start)
+    driven.cfg = SimpleNamespace(server=ServerConfig(optimizer="yogi", lr=0.05, beta1=0.5, beta2=0.9, eps=0.01))
+    driven.driver_state = {}
+    out_driven = drive(driven, FedAvg, FedAvgConfig(**common), RunConfig(rounds=3, eval_every=5))
+    np.testing.assert_allclose(out_driven["final_params"], out_own["final_params"], rtol=1e-5, atol=1e-6)
+    assert driven.driver_state["server_optimizer"].steps == 3
+    assert np.abs(out_driven["final_params"] - start).max() > 0.05  # three steps of 0.05 or so moved it
+
+
+def test_the_server_section_names_what_it_cannot_do():
+    with pytest.raises(ConfigError, match=r"^server\.optimizer: algorithm\.server_optimizer is already adam"):
+        load_config(None, ["algorithm.name=fedavg", "algorithm.server_optimizer={name: adam}", "server.optimizer=momentum"])
+    with pytest.raises(ConfigError, match=r"^server\.optimizer: 'fedrzo_bl' is a hand-written server loop"):
+        load_config(None, ["algorithm.name=fedrzo_bl", "server.optimizer=momentum"])
+    with pytest.raises(ConfigError, match=r"^server\.beta1"):
+        load_config(None, ["algorithm.name=ditto", "server.optimizer=momentum", "server.beta1=1.0"])
+    load_config(None, ["algorithm.name=ffgg", "server.optimizer=momentum"])  # FFGG writes theta back

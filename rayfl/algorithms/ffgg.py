@@ -284,6 +284,9 @@ class FFGG(Algorithm[FFGGState]):
     def model_of(self, state: FFGGState) -> np.ndarray:
         return state.theta
 
+    def with_model(self, state: FFGGState, model: np.ndarray) -> FFGGState:
+        return replace(state, theta=model)
+
     def payload(self, state: FFGGState, rnd: Round) -> dict[str, Any]:
         return {"theta": state.theta, "split": self.split.spec, "tune": self.tune}
 

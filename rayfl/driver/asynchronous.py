@@ -5,7 +5,8 @@ dispatched (its model version). The Federation's AsyncPool hands back arrivals i
 order while tasks whose inputs are known run in parallel across hosts. Every `buffer_size`
 arrivals the server applies the algorithm's own `server_update` to the buffer, its uploads
 combined with weights s(staleness_k) * w_k / sum w (rayfl.driver.rounds.normalized), through
-the round pipeline when one is on, and counts one more model version. An arrival's staleness
+the round pipeline when one is on, then the `server:` section's optimizer on the step's model
+change, and counts one more model version. An arrival's staleness
 is the number of server steps applied since its download.
 
 A checkpoint holds the algorithm's state, the model versions clients in flight downloaded,
@@ -21,6 +22,7 @@ import numpy as np
 
 from rayfl.driver.parts import Algorithm, Round
 from rayfl.driver.rounds import check_finite, eval_due
+from rayfl.driver.server_optimizer import ServerOptimizer
 from rayfl.driver.settings import AsynchronyConfig, staleness_weight
 from rayfl.driver.sync import combined
 
@@ -117,6 +119,7 @@ def run_async(fed: Federation, alg: Algorithm, settings: AsynchronyConfig) -> di
     state = run_state.state
     alg.start(state)
     disp = alg.dispatcher(settings, run_state) or IdleClients(alg, settings, run_state)
+    optimizer = ServerOptimizer.of(alg)
     metrics: dict[str, Any] = {}
     for r in fed.rounds(alg.rounds()):
         rnd = Round(r, [], alg.run.rounds, asynchronous=True)
@@ -139,7 +142,10 @@ def run_async(fed: Federation, alg: Algorithm, settings: AsynchronyConfig) -> di
         factors = np.array([staleness_weight(settings, int(t)) for t in staleness], dtype=np.float64)
         downloaded = [run_state.models.get(res.version) for res in buffer]
         uploads = combined(fed, alg, state, buffer, rnd, staleness, factors, downloaded)
+        start = optimizer.start(state) if optimizer is not None else None
         state = alg.server_update(state, uploads, rnd)
+        if optimizer is not None:
+            state = optimizer(start, state)
         run_state.state = state
         check_finite(alg.model_of(state), r, *alg.diverged)
         fed.advance_version()

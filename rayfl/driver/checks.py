@@ -42,3 +42,23 @@ def check_driver(cfg: Any, cls: Any) -> None:
     if asynchronous and cfg.system.policy != "sync":
         raise ConfigError("system.policy", f"{cfg.system.policy!r} closes synchronous rounds; an asynchronous run "
                                            "applies arrivals as they come: set system.policy: sync")
+
+
+def check_server_optimizer(cfg: Any, cls: Any) -> None:
+    """The `server:` section's optimizer needs a parts-built algorithm whose global model the
+    driver can read and write, and no second optimizer of the algorithm's own."""
+    section = getattr(cfg, "server", None)
+    if section is None or not section.changes_step:
+        return
+    name = cfg.algorithm.name
+    if cls is None:
+        raise ConfigError("server.optimizer", f"{name!r} is a hand-written server loop; the server optimizer applies to "
+                                              "algorithms built from parts (rayfl.Algorithm)")
+    own = getattr(getattr(cfg.algorithm, "server_optimizer", None), "name", "sgd")
+    if own != "sgd" and section.optimizer != "sgd":
+        raise ConfigError("server.optimizer", f"algorithm.server_optimizer is already {own}; set one of the two")
+    from rayfl.driver.parts import Algorithm
+
+    if cls.model_of is not Algorithm.model_of and cls.with_model is Algorithm.with_model:
+        raise ConfigError("server.optimizer", f"{name} defines model_of but not with_model, so the driver cannot write "
+                                              "the optimizer's step back into its state")

@@ -22,6 +22,7 @@ Extending a method means overriding one part: FedAvg with server momentum is Fed
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
@@ -233,6 +234,11 @@ class Algorithm(Phase, Generic[S]):
     def model_of(self, state: S) -> np.ndarray:
         """The global model in a state: what is evaluated, checked and returned."""
         return state.x  # type: ignore[attr-defined]
+
+    def with_model(self, state: S, model: np.ndarray) -> S:
+        """`state` with its global model replaced: what the `server:` section's optimizer
+        writes back (rayfl.driver.server_optimizer). Override it beside `model_of`."""
+        return dataclasses.replace(state, x=model)  # type: ignore[type-var]
 
     def evaluate(self, state: S, rnd: Round) -> dict[str, Any]:
         """On the run's evaluation rounds: the global model on the global test set."""

@@ -1,12 +1,14 @@
-"""The job's `asynchrony:` section: any algorithm built from parts, run by the asynchronous
-driver (rayfl.driver.asynchronous). Kept free of the driver so the config module loads light."""
+"""The drivers' own sections of a job: `asynchrony:` (any algorithm built from parts, run by the
+asynchronous driver, rayfl.driver.asynchronous) and `server:` (a server optimizer on any
+algorithm's step, rayfl.driver.server_optimizer). Kept free of the drivers so the config module
+loads light."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
-from rayfl.checks import choice, non_negative, positive
+from rayfl.checks import choice, non_negative, positive, positive_float
 from rayfl.errors import ConfigError
 
 
@@ -62,6 +64,46 @@ class AsynchronyConfig(StalenessKeys):
     def validate_as(self, key: str) -> None:
         self.validate_staleness(key)
         positive(f"{key}.buffer_size", self.buffer_size)
+
+
+@dataclass
+class ServerConfig:
+    """A server optimizer on any algorithm's step (Reddi et al., "Adaptive Federated
+    Optimization", ICLR 2021): the change the algorithm's own server update makes to the global
+    model, delta = x' - x, is read as the pseudo-gradient -delta, and the model becomes x after
+    one `optimizer` step at `lr` on it. `sgd` at lr 1 is the algorithm's own step (the default);
+    `momentum` gives any method FedAvgM's velocity, `adam` and `yogi` FedAdam's and FedYogi's
+    moments, kept in checkpoints."""
+
+    # The optimizer on the pseudo-gradient -(x' - x) of each server step: sgd (x + lr (x' - x)),
+    # momentum (v = beta1 v + (x' - x), x + lr v), adam or yogi; sgd at lr 1 leaves the step as is.
+    optimizer: Literal["sgd", "momentum", "adam", "yogi"] = "sgd"
+    # The server learning rate on the algorithm's step (> 0).
+    lr: float = 1.0
+    # momentum: the velocity's decay; adam, yogi: the first moment's decay. In [0, 1).
+    beta1: float = 0.9
+    # adam, yogi: the second moment's decay, in [0, 1).
+    beta2: float = 0.999
+    # adam: added to the root of the second moment; yogi: tau, also v's start (tau^2). > 0.
+    eps: float = 1e-8
+
+    @property
+    def name(self) -> str:
+        """The optimizer's name, as rayfl.algorithms.server_opt.server_step reads it."""
+        return self.optimizer
+
+    @property
+    def changes_step(self) -> bool:
+        """Whether the algorithm's step is changed at all (not sgd at lr 1)."""
+        return self.optimizer != "sgd" or self.lr != 1.0
+
+    def validate(self) -> None:
+        choice("server.optimizer", self.optimizer, ("sgd", "momentum", "adam", "yogi"))
+        positive_float("server.lr", self.lr)
+        for key in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ConfigError(f"server.{key}", f"must be in [0, 1), got {getattr(self, key)}")
+        positive_float("server.eps", self.eps)
 
 
 def staleness_weight(settings: StalenessKeys, staleness: int) -> float:

@@ -3,8 +3,9 @@
 Each round: sample the cohort; for each phase, call its clients under the round policy on the
 simulated clock (`fed.call`: sync, deadline, over-selection, dropouts, availability), the
 round pipeline transforming the declared uploads on the hosts; combine them (exactly, or
-through the pipeline's robust rule or noised sum); apply the phase's server update; refuse a
-diverged model; then evaluate on the run's cadence and log the round (which checkpoints and
+through the pipeline's robust rule or noised sum); apply the phase's server update; after the
+last phase, the `server:` section's optimizer on the round's model change; refuse a diverged
+model; then evaluate on the run's cadence and log the round (which checkpoints and
 runs the callbacks). A resumed run starts after its checkpoint with the checkpoint's state."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 
 from rayfl.driver.parts import Algorithm, Phase, Round, Uploads
 from rayfl.driver.rounds import check_finite, eval_due, normalized, ordered_sum
+from rayfl.driver.server_optimizer import ServerOptimizer
 
 if TYPE_CHECKING:
     from rayfl.engine import Federation
@@ -25,11 +27,13 @@ def run_sync(fed: Federation, alg: Algorithm) -> dict[str, Any]:
     state = fed.track(alg.init())
     fed.model_of = alg.model_of  # what callbacks (the best model, trackers) read as the global model
     alg.start(state)
+    optimizer = ServerOptimizer.of(alg)
     metrics: dict[str, Any] = {}
     for r in fed.rounds(alg.rounds()):
         rnd = Round(r, [], alg.run.rounds)
         rnd.cohort = alg.cohort(state, rnd)
         metrics = {}
+        start, stepped = (optimizer.start(state) if optimizer is not None else None), False
         for phase in alg.phases():
             ids = phase.clients(state, rnd)
             if ids is None:
@@ -38,9 +42,12 @@ def run_sync(fed: Federation, alg: Algorithm) -> dict[str, Any]:
             rnd.accepted[phase.name] = uploads.results
             if uploads or phase.update_without_uploads:
                 state = phase.server_update(state, uploads, rnd)
-                fed.server_state = state
+                fed.server_state, stepped = state, True
                 check_finite(alg.model_of(state), r, *alg.diverged)
             metrics.update(phase.metrics(state, uploads, rnd))
+        if optimizer is not None and stepped:  # the round's model change, as one optimizer step
+            state = fed.server_state = optimizer(start, state)
+            check_finite(alg.model_of(state), r, *alg.diverged)
         if eval_due(r, alg.run):
             metrics.update(alg.evaluate(state, rnd))
         fed.log_round(r, **metrics)

@@ -34,6 +34,7 @@ class Checkpoint:
     pipeline: dict[str, Any] | None = None  # the round pipeline's state (adaptive clip, references)
     callbacks: list[dict[str, Any]] = field(default_factory=list)  # each callback's state_dict
     model: Any = None  # the global model at the checkpoint, as the algorithm says (model.init_from reads it)
+    driver: dict[str, Any] = field(default_factory=dict)  # the driver's own state (the server optimizer's moments)
 
 
 def save_checkpoint(run_dir: Location, ckpt: Checkpoint) -> None:

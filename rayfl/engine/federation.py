@@ -107,6 +107,7 @@ class Federation:
         self._next_task = resume.next_task if resume is not None else 0
         self.start_round = resume.round + 1 if resume is not None else 0  # the first round still to run
         self.server_state: Any = None
+        self.driver_state: dict[str, Any] = dict(getattr(resume, "driver", {}) or {})  # checkpointed
         self._decisions: dict[int, dict[int, bool]] = {}  # host -> {task id: accepted}
         self.pools: list[AsyncPool] = []  # every async pool made, in order (a checkpoint holds their tasks)
         self._inputs: dict[int, TaskInput] = {}  # task id -> what it was given, until decided

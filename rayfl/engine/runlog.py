@@ -160,6 +160,7 @@ class RunLog:
             pipeline=fed.pipeline.state_dict() if fed.pipeline is not None else None,
             callbacks=self.callbacks.state_dict(),
             model=global_model(fed),
+            driver=fed.driver_state,
         )
         save_checkpoint(self.writer.location, ckpt)
         fed.checkpointed()
