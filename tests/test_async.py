@@ -224,5 +224,7 @@ def test_bench_async_writes_its_summary(ray_local, tmp_path):
     assert summary["parallel_speedup_2_vs_1_hosts"] > 0 and summary["sync_parallel_speedup"] > 0
     assert set(summary["by_vectorize"]) == {"auto", "off"}
     assert summary["by_vectorize"]["auto"]["wall_seconds_per_1000_updates"] == summary["wall_seconds_per_1000_updates"]
+    assert all(v > 0 for v in summary["cpu_seconds_per_1000_updates"].values())  # the machine was busy between rounds
+    assert summary["sync_cpu_seconds_per_1000_updates"]["2_hosts"] > 0 and summary["cores"] >= 1
     table = pd.read_parquet(out.with_suffix(".parquet"))
     assert out.is_file() and table.shape[0] == 11 and set(table["vectorize"].dropna()) == {"auto", "off"}

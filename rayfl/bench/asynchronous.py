@@ -6,18 +6,23 @@
    local epochs) with 1 and with 2 ClientHosts, asynchronously (FedBuff, concurrency 20,
    buffer 10) and synchronously (FedAvg, 20 clients a round): the parallel speed-up of each
    engine, and what the exact simulated-time order of the asynchronous engine costs over
-   synchronous rounds; `--vectorize auto,off` repeats this part under each mode.
+   synchronous rounds, in wall time and in the whole machine's busy CPU (which, over the
+   cores, bounds how fast any schedule could be); `--vectorize auto,off` repeats this part
+   under each mode.
 Writes a JSON summary and a Parquet table of the runs."""
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from rayfl.bench.common import write_result
+from rayfl.callbacks.base import Callback
 
 COMMON = [
     "data.dataset=synthetic",
@@ -61,6 +66,44 @@ def wall_seconds_per_1000(run_dir: Path) -> float:
     return 1000.0 * (wall[-1] - wall[0]) / max(1, applied[1:].sum())
 
 
+def machine_busy_seconds() -> float | None:
+    """CPU seconds every core of the machine has spent busy since boot (Linux /proc/stat: all
+    processes, the hosts, Ray's daemons and the driver alike), or None elsewhere."""
+    import os
+
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:]]
+    except OSError:
+        return None
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle and iowait
+    return (sum(ticks) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class BusyAtRounds(Callback):
+    """The machine's busy CPU seconds as each round is logged: with the rounds' wall times,
+    what the engine costs in CPU beside what it costs in time (start-up excluded)."""
+
+    def __init__(self) -> None:
+        self.busy: dict[int, float | None] = {}
+
+    def on_round(self, row: Mapping[str, Any], run: Any) -> None:
+        self.busy[int(row["round"])] = machine_busy_seconds()
+
+
+def cpu_seconds_per_1000(run_dir: Path, busy: BusyAtRounds) -> float | None:
+    """Busy CPU seconds of the whole machine per 1,000 applied updates, over the same span
+    as `wall_seconds_per_1000`; None without /proc/stat."""
+    from rayfl.results import load
+
+    steps = load(run_dir).rounds.sort_values("round")
+    first, last = int(steps["round"].iloc[0]), int(steps["round"].iloc[-1])
+    start, end = busy.busy.get(first), busy.busy.get(last)
+    if start is None or end is None:
+        return None
+    return 1000.0 * (end - start) / max(1, steps["num_updates"].to_numpy()[1:].sum())
+
+
 def wall_speeds(clients: int, updates: int, results_dir: Path, rows: list[dict[str, Any]],
                 vectorize: str = "auto", stamp: str = "") -> dict[str, Any]:
     """`updates` client updates of the same work (WALL) on 1 and 2 hosts, asynchronously
@@ -72,6 +115,7 @@ def wall_speeds(clients: int, updates: int, results_dir: Path, rows: list[dict[s
     per_step = {"async": 10, "sync": 20}  # updates per server step: FedBuff's buffer, FedAvg's cohort
     policy = {"async": POLICIES["fedbuff"], "sync": POLICIES["sync"]}
     wall: dict[str, dict[str, float]] = {"async": {}, "sync": {}}
+    cpu: dict[str, dict[str, float | None]] = {"async": {}, "sync": {}}
     for kind in ("async", "sync"):
         steps = max(2, updates // per_step[kind])
         for hosts in (1, 2):
@@ -79,14 +123,22 @@ def wall_speeds(clients: int, updates: int, results_dir: Path, rows: list[dict[s
                                      f"run.rounds={steps}", f"run.eval_every={steps}", f"engine.num_hosts={hosts}",
                                      f"engine.vectorize={vectorize}", f"output.dir={results_dir}",
                                      "run.experiment=bench_async", f"run.run_id={kind}-hosts-{hosts}-{vectorize}{stamp}"])
-            per_1000 = wall_seconds_per_1000(run_experiment(cfg).run_dir)
+            busy = BusyAtRounds()
+            run_dir = run_experiment(cfg, callbacks=[busy]).run_dir
+            per_1000, cpu_1000 = wall_seconds_per_1000(run_dir), cpu_seconds_per_1000(run_dir, busy)
             wall[kind][f"{hosts}_hosts"] = round(per_1000, 3)
+            cpu[kind][f"{hosts}_hosts"] = None if cpu_1000 is None else round(cpu_1000, 3)
             rows.append({"part": "wall" if kind == "async" else "sync_wall", "name": f"{hosts}_hosts",
-                         "vectorize": vectorize, "wall_seconds_per_1000_updates": per_1000})
+                         "vectorize": vectorize, "wall_seconds_per_1000_updates": per_1000,
+                         "cpu_seconds_per_1000_updates": cpu_1000})
     a, s = wall["async"], wall["sync"]
     return {
         "wall_seconds_per_1000_updates": a,
         "sync_wall_seconds_per_1000_updates": s,
+        # the whole machine's busy CPU over the same span: with `cores`, a floor on the wall time
+        "cpu_seconds_per_1000_updates": cpu["async"],
+        "sync_cpu_seconds_per_1000_updates": cpu["sync"],
+        "cores": os.cpu_count(),
         "parallel_speedup_2_vs_1_hosts": round(a["1_hosts"] / a["2_hosts"], 3),
         "sync_parallel_speedup": round(s["1_hosts"] / s["2_hosts"], 3),
         "async_over_sync_wall": {k: round(a[k] / s[k], 3) for k in a},
