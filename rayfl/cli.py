@@ -18,7 +18,7 @@ examples:
   rayfl run jobs/x.yaml --address auto        on a running Ray cluster (or set RAY_ADDRESS)
   ray job submit --working-dir . -- rayfl run jobs/x.yaml
   rayfl sweep jobs/x.yaml --grid algorithm.lr=0.01,0.1 --seeds 0,1,2
-                                              a grid x seeds, one run per Ray Tune trial, resumable
+                                              a grid x seeds, one run per trial on warm hosts, resumable
   rayfl resume results/default/<run_id>       continue a stopped or killed run from its checkpoint
   rayfl validate jobs/x.yaml                  check a job and print the resolved config
   rayfl validate jobs/x.yaml --explain        the same, each key's meaning as a comment above it
@@ -94,13 +94,15 @@ def build_parser() -> argparse.ArgumentParser:
     res.add_argument("--quiet", action="store_true", help="no progress bar")
 
     sw = sub.add_parser(
-        "sweep", help="run a job over a grid of settings and seeds (Ray Tune trials, resumable)",
+        "sweep", help="run a job over a grid of settings and seeds (warm hosts, resumable)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Run one rayfl run per grid point and seed as a Ray Tune trial, side by side "
-                    "(each trial reserves its own client hosts), into <output.dir>/<sweep name>/"
-                    "<run_id>/. The job's `sweep:` block (grid, seeds, name, ...) is read too; the "
-                    "flags override it. Rerunning the same sweep (same name) resumes it: completed "
-                    "runs are not run again, interrupted ones continue from their checkpoints.",
+        description="Run one rayfl run per grid point and seed, as many side by side as the "
+                    "cluster holds (each trial reserves its own client hosts, kept warm between "
+                    "trials; each dataset is built once), into <output.dir>/<sweep name>/<run_id>/. "
+                    "The job's `sweep:` block (grid, seeds, name, ...) is read too; the flags override "
+                    "it. SIGTERM or Ctrl-C stops every running trial after its round (exit 130). "
+                    "Rerunning the same sweep (same name) resumes it: completed runs are not run "
+                    "again, interrupted ones continue from their checkpoints.",
     )
     job_args(sw)
     sw.add_argument("--grid", action="append", default=[], metavar="SECTION.KEY=V1,V2",
@@ -109,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--name", help="the sweep's name = its experiment directory (default: <run.experiment>_sweep)")
     sw.add_argument("--max-concurrent", type=int, help="at most this many trials at once (default: as many as fit)")
     sw.add_argument("--max-failures", type=int, help="retries per failed trial (default 0; -1 forever)")
-    sw.add_argument("--scheduler", choices=["fifo", "asha"], help="trial scheduler (default fifo; asha stops poor trials early)")
+    sw.add_argument("--scheduler", choices=["fifo", "asha"], help="trial scheduler (default fifo; asha stops poor trials early, as Ray Tune trials)")
     sw.add_argument("--metric", help="metric ASHA compares (default test_accuracy)")
     sw.add_argument("--mode", choices=["max", "min"], help="whether the metric is maximised (default max)")
     sw.add_argument("--address", help="Ray address ('auto' for a running cluster); default: RAY_ADDRESS or local")
@@ -198,6 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
     asyn.add_argument("--vectorize", type=_vectorize_list, default=["auto"],
                       help="engine.vectorize modes for the wall-clock part, comma-separated (e.g. auto,off)")
     asyn.add_argument("--out", default="bench/async.json")
+    swb = bsub.add_parser("sweep", help="a grid of the digits job as one `rayfl sweep` against a loop of `rayfl run`")
+    swb.add_argument("--sizes", type=_int_list, default=[6, 48],
+                     help="grids to time, by trial count: 2, 6 (3 lr x 2 seeds), 48 (4 lr x 2 methods x 6 seeds)")
+    swb.add_argument("--rounds", type=int, default=20, help="rounds per run")
+    swb.add_argument("--out", default="bench/sweep.json")
     zo = bsub.add_parser("zo", help="wall seconds of a ZO-HFL round vs FedAvg with the same local steps (10 clients, tau 20)")
     zo.add_argument("--rounds", type=int, default=6, help="rounds per run (the first and last are not timed)")
     zo.add_argument("--source", default="test_only", choices=["test_only", "full"], help="MNIST: the offline subset or all")
@@ -250,14 +257,14 @@ def main(argv: list[str] | None = None) -> int:
     status 2, wherever it is found, Ray started or not; a local Ray that does not start is one
     line and status 1; anything else is a bug and keeps its traceback."""
     args = build_parser().parse_args(argv)
-    early_head = argv is None and args.command == "run" and will_start_local_ray(args)
+    early_head = argv is None and args.command in ("run", "sweep") and will_start_local_ray(args)
     if early_head:  # Ray starts beside the config's loading (engine/local_ray.py)
         from rayfl.engine.local_ray import start_early
 
         start_early()
     try:
         code = COMMANDS[args.command](args)
-        if argv is None and args.command in ("run", "resume"):
+        if argv is None and args.command in ("run", "resume", "sweep"):
             exit_now(code)
         return code
     except user_errors() as e:
@@ -287,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def will_start_local_ray(args: argparse.Namespace) -> bool:
-    """Whether `rayfl run` will start a Ray of its own, as far as the command line says (a
+    """Whether `rayfl run` or `sweep` will start a Ray of its own, as far as the command line says (a
     job file naming engine.address is found later, and the early head then discarded)."""
     import os
 
@@ -578,6 +585,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         print(markdown_table([Path(p) for p in args.results]), end="")
         return 0
+    elif args.bench == "sweep":
+        from rayfl.bench.sweep import run_sweep_bench
+
+        result = run_sweep_bench(args.sizes, args.rounds, Path(args.out))
     elif args.bench == "async":
         from rayfl.bench.asynchronous import run_async_bench
 

@@ -1,12 +1,12 @@
-"""`rayfl sweep`: a job times a grid times seeds, one rayfl run per Ray Tune trial.
+"""`rayfl sweep`: a job times a grid times seeds, one rayfl run per trial.
 
-Why Tune: it schedules trials side by side on the cluster (each trial reserves its own client
-hosts through a placement group, so trials never oversubscribe), retries failed trials, stops
-poor ones early (ASHA) and records the sweep's state so an interrupted sweep resumes where it
-stopped. Why rayfl still owns the results: every trial is an ordinary rayfl run written to
+This module plans and checks a sweep (its trials' configs, validated before Ray starts; their
+run ids; the resources each trial's hosts need) and owns what a trial does. The trials run on
+warm slots (rayfl.sweep_slots), or, with `scheduler: asha`, as Ray Tune trials, which Tune's
+scheduler stops early. Every trial is an ordinary rayfl run written to
 `<output.dir>/<sweep name>/<run_id>/`, so `rayfl.results.load(<output.dir>/<sweep name>)` and
-`rayfl report` read a sweep like any experiment; Tune's own state lives beside the runs in
-`<output.dir>/<sweep name>/_tune` (no manifest.json there, so run discovery skips it).
+`rayfl report` read a sweep like any experiment; `sweep.json` beside the runs lists the trials
+(and, for ASHA, Tune's own state lives in `_tune`, which run discovery skips: no manifest.json).
 
 A trial's run id is built from its grid settings and seed (`lr=0.1,alpha=1,s0`), so a rerun of
 the same sweep finds each trial's run again: a `completed` run is never run twice, and one
@@ -311,31 +311,20 @@ _done.set()
 
 
 def run_trial(config: dict[str, Any]) -> None:
-    """The Tune function trainable: one rayfl run, reporting every round to Tune.
+    """The Tune function trainable (ASHA sweeps): one rayfl run, reporting every round to Tune.
 
-    A `completed` run is reported and left alone; one that holds a checkpoint is resumed; any
-    other leftover (a first attempt that failed before its first checkpoint) starts over. When
-    Tune stops the trial (a scheduler such as ASHA), `tune.report` raises SystemExit: the run
-    then checkpoints after the round, closes as `interrupted` with `sweep_stopped` in its
-    manifest, and can be resumed later."""
+    When Tune stops the trial, `tune.report` raises SystemExit: the run then checkpoints after
+    the round, closes as `interrupted` with `sweep_stopped` in its manifest, and can be resumed
+    later."""
     from ray import tune
 
-    from rayfl.engine.checkpoint import load_checkpoint
     from rayfl.engine.runlog import RunInterrupted
-    from rayfl.runner import resume_experiment, run_experiment
 
     _done.clear()
     try:
         raw = config["trial"]
         config["plugins"].install(f"the Tune trial's node {_node_ip()}")
         cfg = config_from_dict(raw)
-        run_dir = Location.parse(cfg.output.dir).child(cfg.run.experiment, cfg.run.run_id or "")
-        manifest = _manifest(run_dir)
-        status = manifest.get("status") if manifest is not None else None
-        if status == "completed":
-            summary = manifest.get("summary") or {}
-            tune.report({**_finite_metrics(summary), "run_status": "completed", "reused": True})
-            return
         last: dict[str, Any] = {}
         fed_ref: list[Any] = []
         stopped = [False]
@@ -359,17 +348,42 @@ def run_trial(config: dict[str, Any]) -> None:
                 fed.runlog.writer.update_manifest(sweep={**config.get("sweep", {}), **placement_groups(fed)})
 
         try:
-            if status is not None and load_checkpoint(run_dir) is not None:
-                resume_experiment(run_dir.name, progress=progress, on_start=on_start)
-            else:
-                if status is not None:  # a failed first attempt without a checkpoint
-                    raw = {**raw, "output": {**raw["output"], "overwrite": True}}
-                run_experiment(config_from_dict(raw), progress=progress, on_start=on_start)
+            done = run_or_resume(raw, progress=progress, on_start=on_start)
         except RunInterrupted:
             if not stopped[0]:
                 raise
+            return
+        if done is not None:
+            tune.report({**_finite_metrics(done.get("summary") or {}), "run_status": "completed", "reused": True})
     finally:
         _done.set()
+
+
+def trial_dir(raw: Mapping[str, Any]) -> Location:
+    """Where a trial's run lives: <output.dir>/<sweep name>/<run_id>."""
+    return Location.parse(raw["output"]["dir"]).child(raw["run"]["experiment"], raw["run"]["run_id"] or "")
+
+
+def run_or_resume(raw: dict[str, Any], progress: Any = None, on_start: Any = None,
+                  dataset: Any = None) -> dict[str, Any] | None:
+    """A trial's run: a `completed` one is left alone (its manifest is returned), one that holds
+    a checkpoint is resumed, any other leftover (a first attempt that failed before its first
+    checkpoint) starts over; None once it ran. `dataset`: the trial's data, built already."""
+    from rayfl.engine.checkpoint import load_checkpoint
+    from rayfl.runner import resume_experiment, run_experiment
+
+    run_dir = trial_dir(raw)
+    manifest = _manifest(run_dir)
+    status = manifest.get("status") if manifest is not None else None
+    if status == "completed":
+        return manifest
+    if status is not None and load_checkpoint(run_dir) is not None:
+        resume_experiment(run_dir.name, progress=progress, on_start=on_start)
+        return None
+    if status is not None:  # a failed first attempt without a checkpoint
+        raw = {**raw, "output": {**raw["output"], "overwrite": True}}
+    run_experiment(config_from_dict(raw), progress=progress, on_start=on_start, dataset=dataset)
+    return None
 
 
 def _placement_group_id() -> str | None:
@@ -472,10 +486,7 @@ def run_sweep(
     **flags: Any,
 ) -> SweepOutcome:
     """Plan, validate and run (or resume) a sweep; return every trial's run status."""
-    import ray
-    from ray import tune
-
-    from rayfl.engine.local_ray import stop_ray
+    from rayfl.engine.local_ray import fork_workers_here, stop_ray
     from rayfl.runner import init_ray
 
     base, block = read_job(job)
@@ -491,12 +502,21 @@ def run_sweep(
         out_dir = absolute_dir(base_cfg.output.dir)
         all_overrides = [*overrides, *([f"engine.address={address}"] if address else [])]
         trials = plan_trials(base, all_overrides, spec, out_dir, name)  # before Ray starts
+    fork_workers_here()  # an early head's workers: forked from this process, before it imports Ray
+    import ray
+
     started = init_ray(base_cfg)
     try:
         cluster = {k: float(v) for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU")}
-        reserve(trials, cluster, spec.max_concurrent or 1)
+        if spec.scheduler != "fifo":
+            reserve(trials, cluster, spec.max_concurrent or 1)
         check_fits(trials)
         sweep_dir = Location.parse(out_dir).child(name)
+        if spec.scheduler == "fifo":
+            with searching(job_dir(job)):
+                return _run_fifo(trials, spec, sweep_dir, name, cluster, verbose)
+        from ray import tune  # ASHA's trials: Tune's
+
         _record_spec(sweep_dir, trials)
         tune_path = sweep_dir.child(TUNE_DIR)
         trainable = tune.with_resources(
@@ -541,6 +561,23 @@ def run_sweep(
     finally:
         if started:
             stop_ray()
+
+
+def _run_fifo(trials: list[Trial], spec: SweepSpec, sweep_dir: Location, name: str, cluster: dict[str, float],
+              verbose: int) -> SweepOutcome:
+    """The trials on warm slots (rayfl.sweep_slots); a stop asked for ends the sweep with
+    RunInterrupted once every running trial has checkpointed."""
+    from rayfl.engine.runlog import RunInterrupted
+    from rayfl.sweep_slots import dataset_builder, run_on_slots
+
+    restored = sweep_dir.child(SPEC_FILE).is_file()
+    _record_spec(sweep_dir, trials)
+    done = run_on_slots(trials, name, cluster, spec.max_concurrent, spec.max_failures, dataset_builder, verbose)
+    if done.interrupted:
+        raise RunInterrupted(f"the sweep stopped; run the same command again to resume it ({sweep_dir})")
+    statuses = {t.run_id: _status(sweep_dir.child(t.run_id)) for t in trials}
+    errors = [f"{run_id}: {error}" for run_id, error in done.errors.items()]
+    return SweepOutcome(str(sweep_dir.name), trials, statuses, errors, restored)
 
 
 def trial_payload(name: str, trial: Trial) -> dict[str, Any]:

@@ -278,14 +278,22 @@ def test_resume_says_in_one_line_when_the_package_is_gone(package: Path, tmp_pat
 
 @pytest.mark.slow
 def test_sweep_over_the_user_algorithms_own_key(package: Path) -> None:
+    """Two trials of the user's FedNova on one slot: the second leases the warm host the first
+    loaded the user's module into, and equals its run done alone."""
     out = package / "sweeps"
+    common = ("run.rounds=2", f"output.dir={out}", "engine.num_hosts=1", "engine.num_cpus_per_host=0.5")
     done = run_ok("sweep", "job.yaml", "--grid", "algorithm.server_lr=0.5,1.0", "--name", "fednova_lr",
-                  *sets("run.rounds=2", f"output.dir={out}", "engine.num_hosts=1", "engine.num_cpus_per_host=0.5"),
-                  cwd=package)
+                  "--max-concurrent", "1", *sets(*common), cwd=package)
     assert done.count("completed\t") == 2, done[-2000:]
     res = load(out / "fednova_lr")
     assert sorted(res.manifests["algorithm.server_lr"]) == [0.5, 1.0]
     assert len(res.rounds) == 4
+    pools = {json.loads((out / "fednova_lr" / r / "manifest.json").read_text())["placement"]["hosts"][0].get("pool")
+             for r in ("server_lr=0.5,s0", "server_lr=1,s0")}
+    assert len(pools) == 1 and None not in pools, pools  # one warm host served both trials
+    run_ok("run", "job.yaml", "--quiet", *sets(*common, "algorithm.server_lr=1.0", "run.experiment=alone",
+                                                "run.run_id=alone"), cwd=package)
+    assert_same_tables(load(out / "alone" / "alone"), load(out / "fednova_lr" / "server_lr=1,s0"))
 
 
 @pytest.mark.slow

@@ -1,9 +1,8 @@
-"""`rayfl sweep`: a grid x seeds of real rayfl runs as Ray Tune trials on the session's Ray."""
+"""`rayfl sweep`: a grid x seeds of real rayfl runs on warm slots (ASHA: Ray Tune trials)."""
 
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -113,20 +112,20 @@ def test_sweep_digits_job_validates() -> None:
     assert set(spec.grid) >= {"algorithm.name", "algorithm.lr"} and len(spec.seeds or []) == 3
 
 
-# ---------------------------------------------------------------------------- on Ray Tune
+# ---------------------------------------------------------------------------- on warm slots
 
 
-def test_grid_times_seeds_runs_side_by_side_in_placement_groups(ray_local, tmp_path: Path) -> None:
+def test_grid_times_seeds_runs_side_by_side_on_warm_slots(ray_local, tmp_path: Path) -> None:
     out = tmp_path / "results"
     outcome = run_sweep(
         DIGITS, [*TINY, f"output.dir={out}"], ["algorithm.lr=0.05,0.1", "partition.alpha=0.5"],
-        seeds="0,1", name="grid", verbose=0,
+        seeds="0,1", name="grid", max_concurrent=2, verbose=0,
     )
     assert outcome.errors == [] and not outcome.restored
     sweep_dir = out / "grid"
     assert len(outcome.trials) == 4  # a 2 x 1 grid x 2 seeds (the full product is planned without Ray above)
     assert all(s == "completed" for s in outcome.statuses.values()), outcome.statuses
-    spans, groups = [], set()
+    groups, hosts = set(), set()
     for t in outcome.trials:
         m = manifest(sweep_dir / t.run_id)
         cfg = m["config"]
@@ -134,26 +133,89 @@ def test_grid_times_seeds_runs_side_by_side_in_placement_groups(ray_local, tmp_p
             t.settings["algorithm.lr"], t.settings["partition.alpha"], t.seed)
         assert t.run_id == run_id_for(t.settings, t.seed) and m["run_id"] == t.run_id
         assert m["experiment"] == "grid" and m["sweep"]["settings"] == t.settings
-        # The trial's host was captured by the trial's own placement group.
-        pg = m["sweep"]["placement_group"]
-        assert pg and m["sweep"]["host_placement_groups"] == [pg]
-        groups.add(pg)
-        spans.append((datetime.fromisoformat(m["started_at"]), datetime.fromisoformat(m["finished_at"])))
-    assert len(groups) == 4  # one group per trial
-    overlapping = sum(1 for i, a in enumerate(spans) for b in spans[i + 1:] if a[0] < b[1] and b[0] < a[1])
-    assert overlapping >= 1, spans  # trials ran side by side
+        groups.add(m["sweep"]["placement_group"])  # the slot's group, which reserves the trial's CPUs
+        pooled = [h.get("pool") for h in m["placement"]["hosts"]]
+        assert all(name and name.startswith("rayfl-sweep-") for name in pooled), pooled  # the sweep's warm hosts
+        hosts.update(pooled)
+    # 2 slots, each with its worker and warm host, both given a trial at once: side by side
+    assert None not in groups and len(groups) == len(hosts) == 2
 
     import rayfl.results
 
-    r = rayfl.results.load(sweep_dir)  # every trial, Tune's _tune directory skipped
+    r = rayfl.results.load(sweep_dir)
     assert sorted(r.manifests.run_id) == sorted(t.run_id for t in outcome.trials)
     assert r.rounds.groupby("run_id").size().eq(3).all()
+
+
+def test_trials_sharing_a_warm_host_equal_their_runs_alone(ray_local, tmp_path: Path) -> None:
+    """One slot, so every trial leases the host the one before it used: SCAFFOLD's second seed
+    after its first (whose control variates the host held), FedAvg after SCAFFOLD. Each equals
+    the same run done alone on fresh hosts."""
+    from test_resume import assert_same_tables
+
+    import rayfl.results
+    from rayfl.config import load_config
+    from rayfl.runner import run_experiment
+
+    out = tmp_path / "results"
+    outcome = run_sweep(DIGITS, [*TINY, f"output.dir={out}", "algorithm.lr=0.1"], ["algorithm.name=scaffold,fedavg"],
+                        seeds="0,1", name="shared", max_concurrent=1, verbose=0)
+    assert outcome.errors == [] and set(outcome.statuses.values()) == {"completed"}
+    pools = {t.run_id: manifest(out / "shared" / t.run_id)["placement"]["hosts"][0]["pool"] for t in outcome.trials}
+    assert len(set(pools.values())) == 1, pools  # one warm host served all four
+    for name, seed in (("scaffold", 1), ("fedavg", 0)):
+        run_id = run_id_for({"algorithm.name": name}, seed)
+        alone = run_experiment(load_config(DIGITS, [*TINY, f"output.dir={out}", "algorithm.lr=0.1", f"algorithm.name={name}",
+                                                    f"run.seed={seed}", "run.experiment=alone", f"run.run_id={run_id}",
+                                                    "engine.pool=off"]))
+        assert_same_tables(rayfl.results.load(alone.run_dir), rayfl.results.load(out / "shared" / run_id))
+
+
+@pytest.mark.slow
+def test_a_sweep_stopped_by_sigterm_resumes_to_the_uninterrupted_tables(ray_local, tmp_path: Path) -> None:
+    """`rayfl sweep` gets SIGTERM while its second trial runs: that trial checkpoints after its
+    round (or, still starting, stops at once), the third never starts and the sweep exits 130;
+    the same command finishes it, the stopped trial equal to its run alone."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from test_resume import assert_same_tables
+
+    import rayfl.results
+    from rayfl.config import load_config
+    from rayfl.runner import run_experiment
+
+    out = tmp_path / "results"
+    job = [*TINY, "run.rounds=40", "run.eval_every=10", "output.checkpoint_every=5"]
+    sets = [a for o in [*job, f"output.dir={out}"] for a in ("--set", o)]
+    cmd = [str(Path(sys.executable).parent / "rayfl"), "sweep", str(DIGITS), *sets, "--grid", "algorithm.lr=0.05,0.1,0.2",
+           "--seeds", "0", "--name", "stop", "--max-concurrent", "1"]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    first = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    second = out / "stop" / run_id_for({"algorithm.lr": 0.1}, 0) / "manifest.json"
+    deadline = time.monotonic() + 120
+    while not second.is_file() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)  # the second trial's run has begun: stop the sweep mid-run
+    first.send_signal(signal.SIGTERM)
+    _, stderr = first.communicate(timeout=120)
+    assert first.returncode == 130, stderr[-2000:]
+    statuses = {m["run_id"]: m["status"] for m in map(manifest, (out / "stop").glob("*,s0"))}
+    assert statuses == {"lr=0.05,s0": "completed", "lr=0.1,s0": "interrupted"}, statuses
+    again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and again.stdout.count("completed\t") == 3, again.stderr[-2000:]
+    run_id = run_id_for({"algorithm.lr": 0.1}, 0)  # the trial stopped mid-run
+    alone = run_experiment(load_config(DIGITS, [*job, f"output.dir={out}", "algorithm.lr=0.1", "run.seed=0",
+                                                "run.experiment=alone", f"run.run_id={run_id}"]))
+    assert_same_tables(rayfl.results.load(alone.run_dir), rayfl.results.load(out / "stop" / run_id))
 
 
 def test_interrupted_sweep_resumes_without_rerunning_finished_trials(ray_local, tmp_path: Path) -> None:
     out = tmp_path / "results"
     args = dict(overrides=[*TINY, f"output.dir={out}"], grid=["algorithm.lr=0.05,0.1"], seeds="0",
-                name="resume", verbose=0)
+                name="resume", max_concurrent=1, verbose=0)
     sweep_dir = out / "resume"
     sweep_dir.mkdir(parents=True)
     blocker = sweep_dir / "lr=0.1,s0"

@@ -184,15 +184,15 @@ class Hosts:
     def _lease_pool(self) -> Any:
         """The pooled hosts this run may use, or None (engine.pool off, no pool, GPU hosts, user
         code named by the job, or a head this process started: private to it, so no pool there,
-        and asking took 0.2-0.4 s)."""
+        and asking took 0.2-0.4 s), unless a sweep's trial uses the sweep's own pool."""
         from rayfl.engine import local_ray, pool
 
         wanted = self.placement.num_hosts
         if self.cfg.engine.pool == "off" or self.placement.num_gpus > 0 or self.cfg.engine.device == "cuda":
             return None
-        if self.plugins.names:  # a pooled host may hold another run's module of the same name: fresh hosts
-            return None
-        if local_ray.joined_own_head():
+        # a pooled host may hold another run's module of the same name (user code: fresh hosts), and
+        # a head this process started has no pool, unless a sweep's own, which serves one job's trials
+        if pool.private_hosts() is None and (self.plugins.names or local_ray.joined_own_head()):
             return None
         try:
             leases = pool.lease_hosts(wanted)

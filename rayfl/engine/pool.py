@@ -200,30 +200,48 @@ def _remote_class():
     return ray.remote(PooledHost)
 
 
-def pool_names() -> list[str]:
+_private: list[str] | None = None  # a sweep's trial worker: the sweep's own hosts, leased by its runs alone
+
+
+def use_private_hosts(names: list[str] | None) -> None:
+    """Have this process's runs lease only `names`, pooled hosts of a private pool (a sweep's,
+    started with their own `prefix`, which no other run lists), plug-ins included: every run
+    that leases them is a trial of the same job, with the same user modules. None: the pool."""
+    global _private
+    _private = None if names is None else list(names)
+
+
+def private_hosts() -> list[str] | None:
+    return _private
+
+
+def pool_names(prefix: str = PREFIX) -> list[str]:
     """Names of the pooled hosts on the connected Ray (live or starting)."""
     import ray
 
     names = ray.util.list_named_actors(all_namespaces=True)
-    return sorted(n["name"] for n in names if n["namespace"] == NAMESPACE and n["name"].startswith(PREFIX))
+    return sorted(n["name"] for n in names if n["namespace"] == NAMESPACE and n["name"].startswith(prefix))
 
 
-def start_pool(num_hosts: int, wait: bool = True) -> list[str]:
-    """Top the pool up to `num_hosts` hosts (detached actors: they outlive this driver)."""
+def start_pool(num_hosts: int, wait: bool = True, prefix: str = PREFIX, strategy: Any = None) -> list[str]:
+    """Top the pool up to `num_hosts` hosts (detached actors: they outlive this driver); a
+    `prefix` of its own makes a private pool that runs do not list (see use_private_hosts),
+    and a scheduling `strategy` puts it where its runs' drivers are (a sweep slot's group)."""
     import ray
 
-    have = set(pool_names())
-    free = (f"{PREFIX}{i}" for i in range(num_hosts + len(have)) if f"{PREFIX}{i}" not in have)
+    have = set(pool_names(prefix))
+    free = (f"{prefix}{i}" for i in range(num_hosts + len(have)) if f"{prefix}{i}" not in have)
     names = [next(free) for _ in range(max(0, num_hosts - len(have)))]
-    actors = [_spawn(name) for name in names]
+    actors = [_spawn(name, strategy) for name in names]
     if wait and actors:
         ray.get([a.status.remote() for a in actors])
     return names
 
 
-def _spawn(name: str) -> Any:
+def _spawn(name: str, strategy: Any = None) -> Any:
+    placed = {} if strategy is None else {"scheduling_strategy": strategy}
     return _remote_class().options(name=name, namespace=NAMESPACE, lifetime="detached", num_cpus=0,
-                                   max_restarts=0).remote(name)
+                                   max_restarts=0, **placed).remote(name)
 
 
 def pool_status() -> list[dict[str, Any]]:
@@ -259,7 +277,7 @@ def lease_hosts(count: int) -> Leases | None:
     Stale hosts found on the way are killed; `release_hosts` replaces them at the run's end."""
     import ray
 
-    names = pool_names()
+    names = pool_names() if _private is None else _private
     if not names or count <= 0:
         return None
     by, me = holder(), identity()
