@@ -2,15 +2,18 @@
 
 A trial that starts its own process and hosts and builds its data again pays more for that
 than a short run computes (a Ray Tune trial per run cost 2.2x a loop of `rayfl run`s on the
-digits grid). So the sweep holds `slots` placement groups, each sized for one trial's hosts, and in each a
-trial worker: an actor that imports rayfl and torch once and runs its slot's trials one after
-another, each an ordinary rayfl run whose hosts the group captures. The sweep builds each
-distinct dataset once (data, partition and run seed) and hands it to the trials through the
-object store. ASHA, which stops trials early, still runs them as Tune trials (rayfl.sweep).
+digits grid). So the sweep holds `slots` placement groups, each sized for one trial's hosts,
+and in each a trial worker (an actor that has imported rayfl and torch, running the slot's
+trials one after another) and the slot's warm hosts: a private pool (rayfl.engine.pool) that
+its trials lease in turn, on the group's node. One slot on one machine runs its trials in the
+sweep's own process. The sweep builds each distinct dataset once (data, partition and run
+seed) and hands it to the trials through the object store. ASHA, which stops trials early,
+still runs them as Tune trials (rayfl.sweep).
 
-Nothing carries over between trials: each starts its own hosts (client states, the pipeline's
-state and every RNG stream are the run's own), a trial's user modules are the job's (the same
-for every trial of the sweep), and each trial is the run it would be alone (tests/test_sweep.py).
+Nothing carries over between trials: a leased host is reset to a fresh host's state (client
+states, the pipeline's state and every RNG stream are the run's own), a trial's user modules
+are the job's (the same for every trial of the sweep), and each trial is the run it would be
+alone (tests/test_sweep.py).
 
 A trial's run is `rayfl.sweep.run_or_resume`'s: a completed run is left alone, one with a
 checkpoint resumes, any other leftover starts over; a failed trial is retried up to
@@ -59,14 +62,12 @@ def data_key(raw: Mapping[str, Any]) -> str:
 
 
 class TrialWorker:
-    """One slot's trial worker (a Ray actor, in the slot's placement group, which captures the
-    hosts each run starts): runs trials one at a time; `stop` asks the running one to
+    """One slot's trial worker (a Ray actor in the slot's placement group, which also captures
+    any fresh host a run starts): runs trials one at a time; `stop` asks the running one to
     checkpoint after its round and close as interrupted."""
 
     def __init__(self, hosts: list[str]) -> None:
         """`hosts`: the slot's own warm hosts (rayfl.engine.pool), leased by its trials alone."""
-        from rayfl.engine import pool
-
         self._stopping = threading.Event()
         self._fed: Any = None
         if hosts:  # the sweep's own warm hosts: its trials lease them, plug-ins or not
@@ -123,8 +124,6 @@ class InProcess:
         return ray.put(self.worker.run(payload, ray.get(dataset)))
 
     def close(self) -> None:
-        from rayfl.engine import pool
-
         pool.use_private_hosts(None)
 
 
