@@ -175,7 +175,7 @@ def test_trials_sharing_a_warm_host_equal_their_runs_alone(ray_local, tmp_path: 
 def test_a_sweep_stopped_by_sigterm_resumes_to_the_uninterrupted_tables(ray_local, tmp_path: Path) -> None:
     """`rayfl sweep` gets SIGTERM while its second trial runs: that trial checkpoints after its
     round (or, still starting, stops at once), the third never starts and the sweep exits 130;
-    the same command finishes it, the stopped trial equal to its run alone."""
+    the same command finishes it, every trial equal to its run alone."""
     import os
     import signal
     import subprocess
@@ -206,10 +206,11 @@ def test_a_sweep_stopped_by_sigterm_resumes_to_the_uninterrupted_tables(ray_loca
     assert statuses == {"lr=0.05,s0": "completed", "lr=0.1,s0": "interrupted"}, statuses
     again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and again.stdout.count("completed\t") == 3, again.stderr[-2000:]
-    run_id = run_id_for({"algorithm.lr": 0.1}, 0)  # the trial stopped mid-run
-    alone = run_experiment(load_config(DIGITS, [*job, f"output.dir={out}", "algorithm.lr=0.1", "run.seed=0",
-                                                "run.experiment=alone", f"run.run_id={run_id}"]))
-    assert_same_tables(rayfl.results.load(alone.run_dir), rayfl.results.load(out / "stop" / run_id))
+    for lr in (0.05, 0.1, 0.2):  # completed before the stop, stopped mid-run, never started before it
+        run_id = run_id_for({"algorithm.lr": lr}, 0)
+        alone = run_experiment(load_config(DIGITS, [*job, f"output.dir={out}", f"algorithm.lr={lr}", "run.seed=0",
+                                                    "run.experiment=alone", f"run.run_id={run_id}"]))
+        assert_same_tables(rayfl.results.load(alone.run_dir), rayfl.results.load(out / "stop" / run_id))
 
 
 def test_interrupted_sweep_resumes_without_rerunning_finished_trials(ray_local, tmp_path: Path) -> None:
