@@ -67,3 +67,21 @@ def test_the_wheel_runs_from_an_empty_directory(installed: Path, tmp_path: Path)
     out = run(installed, tmp_path, "run", "--example", "digits_fedavg", "--quiet", "--set", "run.rounds=3")
     assert "results: results/digits/" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results"]
+
+
+def test_license_citation_and_changelog_agree_with_the_package() -> None:
+    """LICENSE is the license pyproject names, CITATION.cff cites this version under it, and
+    the changelog has a section for it (or for the unreleased changes after it)."""
+    import re
+
+    import yaml
+
+    project = {"license": re.search(r'^license = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.M).group(1)}
+    assert project["license"] == "Apache-2.0"
+    license_text = (REPO / "LICENSE").read_text()
+    assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
+    citation = yaml.safe_load((REPO / "CITATION.cff").read_text())
+    assert citation["version"] == rayfl.__version__ and citation["license"] == project["license"]
+    assert citation["cff-version"] == "1.2.0" and citation["authors"] and citation["title"].startswith("rayfl")
+    changelog = (REPO / "CHANGELOG.md").read_text()
+    assert f"## {rayfl.__version__}" in changelog
