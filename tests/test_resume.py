@@ -106,28 +106,60 @@ def test_sigterm_then_resume_equals_the_uninterrupted_run(ray_local, results_dir
     assert_same_tables(whole, resumed)
 
 
+def crash_after_round_4(run_dir, fed) -> None:
+    """on_start hook: the run raises right after round 4 is logged (a crash between checkpoints)."""
+    log_round = fed.log_round
+
+    def log_then_crash(r: int, **metrics: Any) -> None:
+        log_round(r, **metrics)
+        if r == 4:
+            raise RuntimeError("simulated crash after round 4")
+
+    fed.log_round = log_then_crash
+
+
 def test_resume_drops_rows_written_after_the_checkpoint(ray_local, results_dir):
     """A crash between checkpoints leaves rows the checkpoint does not name; resuming removes
     them and writes them again, so nothing is doubled."""
     cfg = job(results_dir, "crash", "algorithm.name=scaffold", "output.checkpoint_every=2")
     whole = load(run_experiment(job(results_dir, "crash-whole", "algorithm.name=scaffold", "output.checkpoint_every=2")).run_dir)
-
-    def crash_after(run_dir, fed) -> None:
-        log_round = fed.log_round
-
-        def log_then_crash(r: int, **metrics: Any) -> None:
-            log_round(r, **metrics)
-            if r == 4:
-                raise RuntimeError("simulated crash after round 4")
-
-        fed.log_round = log_then_crash
-
     with pytest.raises(RuntimeError, match="simulated crash"):
-        run_experiment(cfg, on_start=crash_after)
+        run_experiment(cfg, on_start=crash_after_round_4)
     run_dir = results_dir / "default" / "crash"
     assert load(run_dir).rounds["round"].max() == 4  # round 4 was flushed, its checkpoint is round 3
     assert load_checkpoint(Location.parse(run_dir)).round == 3
     assert_same_tables(whole, load(resume_experiment(run_dir).run_dir))
+
+
+def test_a_damaged_checkpoint_falls_back_to_the_one_before(ray_local, results_dir, caplog, tmp_path):
+    """Half of checkpoint.pkl (an interrupted copy): resume says so in one line, continues from
+    checkpoint.prev.pkl (round 1) and ends with the uninterrupted run's tables. With that one
+    damaged too, `rayfl resume` exits 2 with one line naming the run's checkpoint."""
+    import shutil
+
+    from test_cli_runs import env_with_venv
+
+    every_2 = ["algorithm.name=scaffold", "output.checkpoint_every=2"]
+    whole = load(run_experiment(job(results_dir, "damaged-whole", *every_2)).run_dir)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_experiment(job(results_dir, "damaged", *every_2), on_start=crash_after_round_4)
+    run_dir = results_dir / "default" / "damaged"
+    both = results_dir / "default" / "both-damaged"
+    shutil.copytree(run_dir, both)
+    for path in (run_dir / "checkpoint.pkl", both / "checkpoint.pkl", both / "checkpoint.prev.pkl"):
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    with caplog.at_level("WARNING", logger="rayfl.engine.checkpoint"):
+        resumed = load(resume_experiment(run_dir).run_dir)
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "rayfl.engine.checkpoint"]
+    assert "checkpoint.pkl is damaged" in warning and "using checkpoint.prev.pkl (round 1)" in warning, warning
+    assert_same_tables(whole, resumed)
+
+    done = subprocess.run([str(BIN / "rayfl"), "resume", "--quiet", str(both)], env=env_with_venv(), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert str(both / "checkpoint.pkl") in line and "no checkpoint of this run can be read" in line, line
 
 
 @pytest.mark.slow

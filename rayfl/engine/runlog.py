@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from rayfl.callbacks.runner import CallbackRunner, global_model
-from rayfl.engine.checkpoint import CHECKPOINT_FILE, Checkpoint, load_checkpoint, save_checkpoint
+from rayfl.engine.checkpoint import CHECKPOINT_FILE, Checkpoint, read_checkpoint, save_checkpoint
 from rayfl.engine.tasks import OUTCOMES, ClientResult
 
 if TYPE_CHECKING:
@@ -172,7 +172,7 @@ class RunLog:
         """The checkpoint this run wrote last, read back from its file (None before the first)."""
         if self.last_checkpoint is None or self.writer is None:
             return None
-        return load_checkpoint(self.writer.location)
+        return read_checkpoint(self.writer.location.child(CHECKPOINT_FILE))
 
     def restore(self, ckpt: Checkpoint) -> None:
         """Put back what a checkpoint holds beside the Federation's own counters and the client
