@@ -154,12 +154,28 @@ def build_dataset(cfg: Config) -> FederatedDataset:
 
 
 def check_model(cfg: Config, dataset: FederatedDataset) -> None:
-    """Build the model once for the dataset's inputs, before Ray starts: a factory that fails,
-    returns something else than an nn.Module or keeps buffers is a one-line ConfigError now,
-    not a failure of every host."""
+    """Build the model once for the dataset's inputs and run it on a zero batch, before Ray
+    starts: a factory that fails, returns something else than an nn.Module or keeps buffers,
+    and a network that does not take the data's inputs or does not output one score per
+    class, is a one-line ConfigError now, naming the model and the data's shape, not a
+    failure of every host."""
+    import torch
+
     from rayfl.models import build_model
 
-    build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+    model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+    shape, classes = tuple(dataset.input_shape), dataset.num_classes
+    data = f"dataset {dataset.name!r}: inputs of shape {shape}, {classes} classes"
+    try:
+        with torch.no_grad():
+            out = model.eval()(torch.zeros((2, *shape)))
+    except Exception as e:  # the user's network: any error its forward raises is the mismatch
+        raise ConfigError("model.name", f"{cfg.model.name} does not take the data's inputs ({data}): "
+                                        f"{type(e).__name__}: {' '.join(str(e).split())}") from None
+    if not isinstance(out, torch.Tensor) or out.ndim < 2 or out.shape[0] != 2 or out.shape[-1] != classes:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ConfigError("model.name", f"{cfg.model.name} gives outputs of shape {got} for a batch of 2, not one "
+                                        f"score per class ({data})")
 
 
 def check_privacy_budget(cfg: Config, dataset: FederatedDataset) -> None:

@@ -393,6 +393,14 @@ def with_buffers(input_shape, num_classes):
     return nn.Sequential(nn.Flatten(), nn.BatchNorm1d(64), nn.Linear(64, num_classes))
 
 
+def fixed_inputs(input_shape, num_classes):
+    return nn.Sequential(nn.Flatten(), nn.Linear(21, 8), nn.Linear(8, num_classes))
+
+
+def three_scores(input_shape, num_classes):
+    return nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
+
+
 def three_parts(labels, num_clients, cfg, rng):
     return np.array_split(np.arange(len(labels)), 3)
 
@@ -412,6 +420,13 @@ MISTAKES = {
     "model-factory-raises": ({"data": {"dataset": "synthetic", "features": 12}, "partition": {"method": "natural", "num_clients": 10}},
                              [], ("model.name", "myfl.cnn:lenet", "inputs (12,)", "ValueError")),
     "model-with-buffers": ({"model": {"name": "badmod:with_buffers"}}, [], ("model.name", "has buffers", "running_mean")),
+    "model-wrong-input-size": ({"data": {"dataset": "synthetic", "features": 12}, "partition": {"method": "natural", "num_clients": 10},
+                                "model": {"name": "badmod:fixed_inputs"}}, [],
+                               ("model.name", "badmod:fixed_inputs", "does not take the data's inputs", "(12,)",
+                                "10 classes", "mat1 and mat2")),
+    "model-wrong-output-size": ({"data": {"dataset": "synthetic", "features": 12}, "partition": {"method": "natural", "num_clients": 10},
+                                 "model": {"name": "badmod:three_scores"}}, [],
+                                ("model.name", "badmod:three_scores", "(2, 3)", "not one score per class", "10 classes")),
     "parquet-without-label": ({}, ["data.path=nolabel.parquet"], ("data.dataset", "myfl.femnist:femnist", "label")),
     "dataset-with-one-class": ({"data": {"dataset": "badmod:one_class"}, "partition": {"method": "iid", "num_clients": 2}},
                                ["algorithm.clients_per_round=2"], ("data.dataset", "1 class")),
