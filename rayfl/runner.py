@@ -96,7 +96,8 @@ def init_ray(cfg: Config) -> bool:
         try:
             ray.init(address=address, **kwargs)
         except ConnectionError as e:  # its token auth refused us, or it went away meanwhile
-            hint = "" if os.environ.get("RAY_AUTH_MODE") else " (a head with token auth needs RAY_AUTH_MODE=token)"
+            hint = ("; a head with token auth needs RAY_AUTH_MODE=token and its token: `ray get-auth-token` on the "
+                    "head's machine prints it, give it here as RAY_AUTH_TOKEN or in ~/.ray/auth_token")
             raise ConfigError(field, f"cannot join the Ray at {address!r}{hint}: {' '.join(str(e).split())}") from None
     else:
         start_local_ray(**kwargs)

@@ -42,7 +42,8 @@ def kill_tree(pid: int) -> None:
 @contextlib.contextmanager
 def ray_head(tmp_path: Path, env: dict[str, str]) -> Iterator[str]:
     """A head with token auth on free ports; yields its dashboard address (for `ray job
-    submit`). `env` gets the token. A temp dir of the head's own: Ray's job supervisor gives the
+    submit`), and sets `env["RAYFL_TEST_GCS"]` to its GCS address (for `--address`). `env`
+    gets the token. A temp dir of the head's own: Ray's job supervisor gives the
     job's driver the address it reads from <temp dir>/ray_current_cluster, which in the shared
     /tmp/ray names whichever Ray on this machine started last (another test's)."""
     env["RAY_AUTH_MODE"] = "token"
@@ -56,6 +57,7 @@ def ray_head(tmp_path: Path, env: dict[str, str]) -> Iterator[str]:
          "--dashboard-host=127.0.0.1", "--num-cpus=2", "--include-dashboard=true", "--disable-usage-stats"],
         env=env, cwd=tmp_path, start_new_session=True, stdout=head_log, stderr=subprocess.STDOUT,
     )
+    env["RAYFL_TEST_GCS"] = f"127.0.0.1:{gcs}"
     try:
         yield f"http://127.0.0.1:{dash}"
     finally:

@@ -138,7 +138,18 @@ def test_ray_job_submit_to_a_local_head(tmp_path):
     with ray_head(tmp_path, env) as address:
         submit = submit_job(address, job_dir, [
             "sh", "-c", f"rayfl run tiny.yaml --quiet --set output.dir={out_dir} && python -c \"{probe}\""], env, tmp_path)
+        # joining the head from here without its token: one line saying how to get it
+        tokenless = {k: v for k, v in env.items() if k not in ("RAY_AUTH_TOKEN", "RAY_AUTH_MODE")}
+        tokenless["HOME"] = str(tmp_path)  # no ~/.ray/auth_token of this machine's user either
+        joined = subprocess.run([str(BIN / "rayfl"), "run", "tiny.yaml", "--quiet", "--address", env["RAYFL_TEST_GCS"],
+                                 "--set", f"output.dir={tmp_path / 'refused'}"], cwd=job_dir, env=tokenless,
+                                capture_output=True, text=True, timeout=120)
     assert submit.returncode == 0, (submit.stdout + submit.stderr)[-4000:]
+    # Ray's own client logs its retries (gcs_client.cc) before giving up; rayfl's is the one line after them
+    lines = [line for line in joined.stderr.splitlines() if line.strip() and "gcs_client.cc" not in line]
+    assert joined.returncode == 2 and len(lines) == 1, joined.stderr[-3000:]
+    assert lines[0].startswith("rayfl: error: engine.address: cannot join"), lines[0]
+    assert "ray get-auth-token" in lines[0] and "RAY_AUTH_MODE=token" in lines[0], lines[0]
     assert "succeeded" in submit.stdout
     res = load(out_dir)
     assert len(res.rounds) == 3 and res.manifests["status"].tolist() == ["completed"]
