@@ -38,6 +38,7 @@ from typing import Any
 
 from rayfl.config import config_from_dict
 from rayfl.engine import pool
+from rayfl.engine.asyncpool import host_lost
 from rayfl.sweep import Trial, placement_groups, reserve, run_or_resume, trial_payload
 
 
@@ -129,11 +130,10 @@ class InProcess:
 
 @dataclass
 class SlotRun:
-    """What the slots did: each trial's error (None when it ran), in the order they ended."""
+    """What the slots did: the last error of each trial that failed, and whether a stop was asked."""
 
     errors: dict[str, str] = field(default_factory=dict)
     interrupted: bool = False
-    seconds: dict[str, float] = field(default_factory=dict)  # run id -> the trial's time in its worker
 
 
 def run_on_slots(trials: Sequence[Trial], name: str, cluster: Mapping[str, float], max_concurrent: int | None,
@@ -154,7 +154,7 @@ def run_on_slots(trials: Sequence[Trial], name: str, cluster: Mapping[str, float
     prefix = f"rayfl-sweep-{os.getpid()}-{time.time_ns() % 10**9}-"
     pooling = leases_pool(trials)
     pooled: list[list[str]] = []  # each slot's own warm hosts: its trials never race another slot's for them
-    groups, workers = [], []
+    groups, workers, placed = [], [], []
     if slots == 1 and single_machine():  # no worker process to start: the trials run here
         pooled.append(pool.start_pool(len(bundles), prefix=prefix) if pooling else [])
         workers.append(InProcess(TrialWorker(pooled[0])))
@@ -163,9 +163,9 @@ def run_on_slots(trials: Sequence[Trial], name: str, cluster: Mapping[str, float
         groups = [placement_group(bundles, strategy=strategy) for _ in range(slots)]
         ray.get([g.ready() for g in groups])
         for k, g in enumerate(groups):
-            placed = PlacementGroupSchedulingStrategy(g, -1, True)
-            pooled.append(pool.start_pool(len(bundles), prefix=f"{prefix}{k}-", strategy=placed) if pooling else [])
-            workers.append(worker_class().options(scheduling_strategy=placed).remote(pooled[k]))
+            placed.append(PlacementGroupSchedulingStrategy(g, -1, True))
+            pooled.append(pool.start_pool(len(bundles), prefix=f"{prefix}{k}-", strategy=placed[k]) if pooling else [])
+            workers.append(worker_class().options(scheduling_strategy=placed[k]).remote(pooled[k]))
     queue = deque(trials)
     attempts: dict[str, int] = {}
     datasets: dict[str, Any] = {}  # data key -> its dataset in the object store, while a trial still needs it
@@ -199,8 +199,11 @@ def run_on_slots(trials: Sequence[Trial], name: str, cluster: Mapping[str, float
             for ref in ready:
                 slot, trial = running.pop(ref)
                 idle.append(slot)
-                result = ray.get(ref)
-                out.seconds[trial.run_id] = result["seconds"]
+                try:
+                    result = ray.get(ref)
+                except host_lost() as e:  # the worker process died: a new one in its slot, the trial failed
+                    workers[slot] = worker_class().options(scheduling_strategy=placed[slot]).remote(pooled[slot])
+                    result = {"error": f"its trial worker died ({type(e).__name__})", "interrupted": False, "seconds": 0.0}
                 out.interrupted |= result["interrupted"]
                 if result["error"] is None:
                     out.errors.pop(trial.run_id, None)

@@ -284,3 +284,30 @@ def test_a_trial_with_a_checkpointed_run_resumes_it(ray_local, tmp_path: Path) -
     assert len(m["resumed_at"]) == 1  # resumed from its checkpoint, not re-run with overwrite
     whole = run_experiment(load_config(DIGITS, [*common, "run.experiment=whole", "run.run_id=whole"]))
     assert_same_tables(rayfl.results.load(whole.run_dir), rayfl.results.load(trial_dir))
+
+
+DYING = '''
+import os
+
+from rayfl.algorithms.fedavg import FedAvg
+
+
+class Dies(FedAvg):
+    """FedAvg whose driver process exits as the run starts: a trial worker that dies."""
+
+    def init(self):
+        os._exit(3)
+'''
+
+
+def test_a_trial_whose_worker_dies_fails_alone(ray_local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trial that kills its worker process is reported as failed in one line; the other slot's
+    trial completes and the sweep ends."""
+    (tmp_path / "dying.py").write_text(DYING)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "results"
+    outcome = run_sweep(DIGITS, [*TINY, f"output.dir={out}"], ["algorithm.name=dying:Dies,fedavg"], seeds="0",
+                        name="dies", max_concurrent=2, verbose=0)
+    assert outcome.statuses["name=fedavg,s0"] == "completed", outcome.statuses
+    (error,) = outcome.errors
+    assert error.startswith("name=dying_Dies,s0: its trial worker died"), error
