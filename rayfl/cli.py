@@ -271,6 +271,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rayfl: error: {one_line(e)}", file=sys.stderr)
         return 2
     except Exception as e:
+        from rayfl.user_code import found_in, report
+
+        if (err := found_in(e)) is not None:  # the user's own code raised: a short block, status 1
+            print(report(err, getattr(e, "rayfl_error_log", None)), file=sys.stderr)
+            return 1
         # the local Ray head did not start (an unusable RAY_TMPDIR, Ray failing on this machine):
         # not a bug of rayfl's, so one line too, with the reason Ray gave; status 1, not 2
         local_ray = sys.modules.get("rayfl.engine.local_ray")

@@ -7,6 +7,7 @@ flushed Parquet part on disk."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -14,6 +15,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +37,7 @@ from rayfl.progress import mark
 from rayfl.registry import Plugins, add_root
 from rayfl.results import RunWriter
 from rayfl.results.storage import Location, RunDir, is_uri, run_manifest, write_atomically
+from rayfl.user_code import found_in, write_log
 
 ProgressFn = Callable[[dict[str, Any]], None]
 
@@ -346,6 +349,15 @@ def _execute(
             return RunOutcome(writer.run_dir, summary, time.perf_counter() - t0, final_params, cfg, dataset)
     except KeyboardInterrupt:  # a stop asked for (RunInterrupted) or Ctrl-C twice
         status = "interrupted"
+        raise
+    except Exception as e:  # the whole traceback beside the results; the CLI tells a user's own error short
+        if isinstance(writer.run_dir, Path):
+            text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+            if (users := found_in(e)) is not None and users.full not in text:  # a host's: where it was raised
+                text = f"{users.full}\nOn the driver:\n{text}"
+            log = write_log(str(writer.run_dir), text)
+            with contextlib.suppress(AttributeError):
+                e.rayfl_error_log = log
         raise
     finally:
         if fed is not None:

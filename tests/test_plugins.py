@@ -381,6 +381,7 @@ import numpy as np
 from torch import nn
 
 import rayfl
+from rayfl.algorithms.fedavg import FedAvg
 
 NOT_CALLABLE = 3
 
@@ -399,6 +400,20 @@ def fixed_inputs(input_shape, num_classes):
 
 def three_scores(input_shape, num_classes):
     return nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
+
+
+def broken_client(ctx, **payload):
+    return _cannot_train(ctx)
+
+
+def _cannot_train(ctx):
+    raise ValueError(f"client {ctx.id} cannot train")
+
+
+class Broken(FedAvg):
+    """FedAvg whose client function raises on every host."""
+
+    client = staticmethod(broken_client)
 
 
 def three_parts(labels, num_clients, cfg, rng):
@@ -436,6 +451,35 @@ MISTAKES = {
     "partitioner-raises": ({"data": {"dataset": "digits"}, "partition": {"method": "badmod:raises", "num_clients": 8}},
                            [], ("partition.method", "my partitioner is broken")),
 }
+
+
+def test_an_exception_in_the_users_client_is_a_short_block(package: Path, ray_local, monkeypatch: pytest.MonkeyPatch,
+                                                           capfd: pytest.CaptureFixture[str]) -> None:
+    """The user's client function raises on a host: exit 1, the error with its client and round,
+    the user's own two frames, and the path of the whole traceback, which holds Ray's and
+    rayfl's frames too."""
+    from test_public_api import forget_myfl
+
+    from rayfl.cli import main
+
+    (package / "badmod.py").write_text(BAD_MODULE)
+    forget_myfl(monkeypatch)
+    monkeypatch.chdir(package)
+    out = package / "broken"
+    rc = main(["run", "job.yaml", "--quiet", *sets("algorithm.name=badmod:Broken", "run.rounds=2", "engine.num_hosts=1",
+                                                    f"output.dir={out}", "run.run_id=broken")])
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert rc == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("rayfl: error in your code: ValueError: client ") and "cannot train" in lines[0], lines[0]
+    assert "round 0" in lines[0] and "client" in lines[0].split("(")[-1], lines[0]
+    frames = [line for line in lines if line.lstrip().startswith("File ")]
+    assert len(frames) == 2 and all("badmod.py" in f for f in frames), err  # the user's frames only
+    run_dir = next(out.glob("*/broken"))
+    assert lines[-1] == f"rayfl: the full traceback is in {run_dir / 'error.log'}", lines[-1]
+    full = (run_dir / "error.log").read_text()
+    assert "badmod.py" in full and "rayfl/engine" in full and len(full.splitlines()) > len(lines)
+    assert json.loads((run_dir / "manifest.json").read_text())["status"] == "failed"
 
 
 @pytest.mark.parametrize("case", list(MISTAKES), ids=list(MISTAKES))

@@ -38,6 +38,7 @@ from rayfl.models import build_model
 from rayfl.models.channels_last import channels_last_rule
 from rayfl.pipeline.uploads import UploadSpec, flip_labels_of, transform_upload
 from rayfl.registry import Plugins
+from rayfl.user_code import from_exception
 
 ClientFn = Callable[..., dict]
 Rows = tuple[np.ndarray, np.ndarray | None]  # a client's train and test row indices
@@ -231,6 +232,19 @@ class ClientHostImpl:
             self.foreign = {}
 
     def _execute(self, fn: ClientFn, jobs: list[_Job]) -> list[dict[str, Any]]:
+        """`_run_jobs`, an exception of the user's own code (a client function or model of a
+        package of theirs) told as a UserCodeError naming the clients and round."""
+        try:
+            return self._run_jobs(fn, jobs)
+        except Exception as e:
+            clients = ", ".join(str(job.client) for job in jobs)
+            where = f"client{'s' if len(jobs) > 1 else ''} {clients}, round {jobs[0].round}" if jobs else ""
+            err = from_exception(e, where)
+            if err is None:
+                raise
+            raise err from None
+
+    def _run_jobs(self, fn: ClientFn, jobs: list[_Job]) -> list[dict[str, Any]]:
         """One record per job: all of them as one batch through `fn`'s twin under
         `engine.vectorize`, else one after another."""
         for job in jobs:
