@@ -208,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     zo = bsub.add_parser("zo", help="wall seconds of a ZO-HFL round vs FedAvg with the same local steps (10 clients, tau 20)")
     zo.add_argument("--rounds", type=int, default=6, help="rounds per run (the first and last are not timed)")
     zo.add_argument("--source", default="test_only", choices=["test_only", "full"], help="MNIST: the offline subset or all")
-    zo.add_argument("--data-dir", default=None, help="where the MNIST files are (default: the job's ../shared/data)")
+    zo.add_argument("--data-dir", default=None, help="where the MNIST files are (default: the job's data.data_dir)")
     zo.add_argument("--out", default="bench/zo.json")
     zo.add_argument("--vectorize", type=_vectorize_list, default=None,
                     help="engine.vectorize values to compare, e.g. off,on (default: the job's setting)")
