@@ -78,7 +78,8 @@ class DataConfig:
     # data=NAME.
     dataset: str = "synthetic"
     # Where downloaded or stored files are looked for and written (~ expanded; a relative path is
-    # made absolute against the working directory).
+    # made absolute against the working directory). A job that leaves it out gets $RAYFL_DATA_DIR
+    # when that environment variable is set (an offline copy), else ~/.rayfl/data.
     data_dir: str = "~/.rayfl/data"
     # Download missing files into data_dir; false: a missing file is an error naming what to fetch.
     download: bool = True
@@ -844,10 +845,27 @@ def config_from_dict(raw: Mapping[str, Any]) -> Config:
             raise ConfigError(name, "must be a mapping of keys to values")
         if name == "robust":
             values = robust_defaults(type(sections["algorithm"]), values)
+        if name == "data":
+            values = data_dir_default(values)
         sections[name] = build_section(section_class(name, values), values, name)
     cfg = Config(**sections)
     cfg.validate()
     return cfg
+
+
+DATA_DIR_ENV = "RAYFL_DATA_DIR"  # the one setting that points every job at an offline copy of the data
+
+
+def data_dir_default(values: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The `data:` section, with `data_dir` from $RAYFL_DATA_DIR (made absolute here, so hosts and
+    sweep trials in other directories read the same files) when the job names none. Jobs then
+    stay machine-independent: a laptop downloads into ~/.rayfl/data, CI points at its copy."""
+    import os
+
+    from_env = os.environ.get(DATA_DIR_ENV, "").strip()
+    if "data_dir" in values or not from_env:
+        return values
+    return {**values, "data_dir": str(Path(from_env).expanduser().absolute())}
 
 
 def robust_defaults(algorithm: type, values: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_MNIST = REPO.parent / "shared" / "data" / "mnist"
+# The offline data: $RAYFL_DATA_DIR (CI sets it), else the copy kept beside the repository. It is
+# exported, so every job of the suite that leaves data.data_dir out reads it, as users' jobs do.
+OFFLINE_DATA = Path(os.environ.get("RAYFL_DATA_DIR") or REPO.parent / "shared" / "data").absolute()
+SHARED_MNIST = OFFLINE_DATA / "mnist"
+if SHARED_MNIST.is_dir():
+    os.environ.setdefault("RAYFL_DATA_DIR", str(OFFLINE_DATA))
 _CACHE_DIR: str | None = None
 
 
@@ -68,7 +73,7 @@ def refill_pool():
 @pytest.fixture
 def shared_mnist() -> Path:
     if not (SHARED_MNIST / "t10k-images-idx3-ubyte.gz").is_file():
-        pytest.skip("../shared/data/mnist is not present")
+        pytest.skip(f"{SHARED_MNIST} is not present (set RAYFL_DATA_DIR to a directory holding mnist/)")
     return SHARED_MNIST.parent
 
 

@@ -40,6 +40,21 @@ def test_partition_prints_the_matrix(capsys, tmp_path):
     assert "client" in out and png.stat().st_size > 1000
 
 
+def test_a_replication_without_its_data_says_what_to_fetch_in_one_line(capsys, tmp_path, monkeypatch):
+    """A clone without an offline copy: the replication's job looks in ~/.rayfl/data, and with
+    nothing there (downloads off here; a failed download says the same plus why) it stops in
+    one line naming the files, where they go and the RAYFL_DATA_DIR setting, with exit 2."""
+    monkeypatch.delenv("RAYFL_DATA_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    job = str(Path(__file__).resolve().parents[1] / "jobs" / "zo_hfl" / "table1_zo_hfl.yaml")
+    code = main(["run", job, "--quiet", "--set", "data.source=test_only", "--set", "data.download=false",
+                 "--set", f"output.dir={tmp_path / 'out'}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "t10k-images-idx3-ubyte" in err and str(tmp_path / ".rayfl" / "data" / "mnist") in err
+    assert "RAYFL_DATA_DIR" in err
+
+
 @pytest.mark.slow
 def test_cli_run_default_job(tmp_path):
     """`rayfl run` with no job: the default experiment, in its own local Ray."""

@@ -193,3 +193,26 @@ def test_yaml_errors_are_one_line(tmp_path):
     assert e.value.key == "algorithm.lr" and "\n" not in str(e.value)
     with pytest.raises(ConfigError, match="is not a file"):
         load_config(tmp_path)
+
+
+def test_data_dir_comes_from_rayfl_data_dir_unless_the_job_names_one(tmp_path, monkeypatch):
+    """RAYFL_DATA_DIR is the one setting that points jobs at an offline copy: it fills in a
+    job's missing data.data_dir, made absolute (sweep trials and hosts run elsewhere), and a
+    data_dir the job names still wins."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RAYFL_DATA_DIR", "offline")
+    assert load_config().data.data_dir == str(tmp_path / "offline")
+    assert load_config(None, ["data.data_dir=/elsewhere"]).data.data_dir == "/elsewhere"
+    monkeypatch.delenv("RAYFL_DATA_DIR")
+    assert load_config().data.data_dir == "~/.rayfl/data"
+
+
+def test_jobs_name_no_data_directory_of_their_own():
+    """Jobs leave data.data_dir out, so a clone runs them against ~/.rayfl/data (downloading)
+    or RAYFL_DATA_DIR, and none points at a copy outside the repository."""
+    import yaml
+
+    jobs = sorted((Path(__file__).resolve().parents[1] / "jobs").rglob("*.yaml"))
+    assert len(jobs) > 30
+    naming = [str(j) for j in jobs if "data_dir" in ((yaml.safe_load(j.read_text()) or {}).get("data") or {})]
+    assert naming == []

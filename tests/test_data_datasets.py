@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import os
 import pickle
 import struct
 import tarfile
@@ -24,7 +25,7 @@ from rayfl.data.formats import parse_idx, read_cifar_batch, read_idx
 from rayfl.data.synthetic import generate_synthetic
 from rayfl.rng import derive_seed, numpy_rng, torch_generator
 
-SHARED_MNIST = Path(__file__).parents[1].parent / "shared" / "data" / "mnist"
+SHARED_MNIST = Path(os.environ.get("RAYFL_DATA_DIR", "/nonexistent")) / "mnist"  # conftest sets it when a copy exists
 
 # --------------------------------------------------------------------------- helpers
 

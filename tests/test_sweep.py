@@ -73,7 +73,7 @@ def test_run_on_a_sweep_job_runs_its_base_job(tmp_path: Path, capsys: pytest.Cap
 
 def test_trials_get_absolute_local_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Tune runs every trial in its own working directory, so a job's relative data directory
-    (jobs use `../shared/data`) and `model.init_from` are resolved where the sweep starts."""
+    (`data.data_dir: data`) and `model.init_from` are resolved where the sweep starts."""
     from rayfl.sweep import plan_trials, read_job
 
     (tmp_path / "data").mkdir()

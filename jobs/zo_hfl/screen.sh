@@ -20,11 +20,10 @@ ROUNDS=${ROUNDS:-100}
 SEEDS=${SEEDS:-0}
 MAX_CONCURRENT=${MAX_CONCURRENT:-2}
 FACTORS=${FACTORS:-"lam mu eta batch aggregation readings fedavg fedprox scaffold"}
-DATA_DIR=${DATA_DIR:-$(realpath -m ../shared/data)}   # absolute: Tune trials run in their own directory
 ZEROS=${ZEROS:-/tmp/zohfl_zeros7840.npy}            # x_0 = 0 for the baselines' linear 784 x 10 model
 python -c "import numpy as np; np.save('$ZEROS', np.zeros(7840, np.float32))"
 common=(--seeds "$SEEDS" --max-concurrent "$MAX_CONCURRENT" --set "run.rounds=$ROUNDS" --set engine.num_hosts=1
-        --set "data.data_dir=$DATA_DIR" --set partition.alpha=0.1 --set algorithm.participation=0.1)
+        --set partition.alpha=0.1 --set algorithm.participation=0.1)
 sweep() {  # sweep NAME METHOD GRID...
   local name=$1 method=$2
   shift 2

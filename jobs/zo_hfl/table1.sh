@@ -12,6 +12,8 @@
 #
 # Every extra argument goes to each `rayfl sweep` / `rayfl run` (e.g. --set output.dir=/tmp/results);
 # a `--set` of the same key later on the line wins, so a tuned setting is one more --set.
+# The data is read from data.data_dir ($RAYFL_DATA_DIR when set, else ~/.rayfl/data; downloaded
+# there when the network allows).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DATASETS=${DATASETS:-"mnist fashion_mnist cifar10"}
@@ -21,13 +23,11 @@ SEEDS=${SEEDS:-"0"}
 SWEEP=${SWEEP:-1}
 MAX_CONCURRENT=${MAX_CONCURRENT:-2}
 SUFFIX=${SUFFIX:-}   # appended to the sweep names, to keep a variant's sweeps apart
-# Where the datasets are (the jobs say ../shared/data, relative to the repository root).
-DATA_DIR=${DATA_DIR:-$(realpath -m ../shared/data)}
 for dataset in $DATASETS; do
   for setting in $SETTINGS; do
     alpha=${setting%%:*} beta=${setting##*:}
     for method in $METHODS; do
-      cell=(--set "data.data_dir=$DATA_DIR" --set "data.dataset=$dataset" --set "partition.alpha=$alpha" --set "algorithm.participation=$beta")
+      cell=(--set "data.dataset=$dataset" --set "partition.alpha=$alpha" --set "algorithm.participation=$beta")
       if [ "$SWEEP" = 1 ]; then
         echo "== $dataset alpha=$alpha beta=$beta $method seeds=$SEEDS" >&2
         rayfl sweep "jobs/zo_hfl/table1_${method}.yaml" --seeds "$(echo $SEEDS | tr ' ' ',')" \

@@ -18,7 +18,13 @@ import numpy as np
 from rayfl.config import ConfigError, DataConfig
 from rayfl.data.errors import DatasetError
 from rayfl.data.rows import is_file_rows, select
-from rayfl.data.sources import data_root, load_cifar10_files, load_idx_dataset
+from rayfl.data.sources import (
+    CIFAR_ARCHIVE,
+    IDX_FILES,
+    data_root,
+    load_cifar10_files,
+    load_idx_dataset,
+)
 from rayfl.rng import numpy_rng
 
 __all__ = ["ArrayDataset", "DatasetError", "load_pool", "split_train_test"]
@@ -73,7 +79,19 @@ class OfficialConfig(DataConfig):
         super().validate()
         root = data_root(self.data_dir)
         if not self.download and not root.is_dir():
-            raise ConfigError("data.data_dir", f"directory {root} does not exist (and data.download is false)")
+            raise ConfigError(
+                "data.data_dir",
+                f"directory {root} does not exist (and data.download is false): {self.dataset} needs "
+                f"{', '.join(self.files_needed())} in {root / self.dataset}; point data.data_dir (or the "
+                "RAYFL_DATA_DIR environment variable) at a directory holding them, or set data.download: true",
+            )
+
+    def files_needed(self) -> list[str]:
+        """The official files this config reads, as the error for a missing copy names them."""
+        splits = ("test",) if self.source == "test_only" else ("train", "test")
+        if self.dataset == "cifar10":
+            return [CIFAR_ARCHIVE]
+        return [f"{stem}.gz" for s in splits for stem in IDX_FILES[s]]
 
 
 def load_idx_images(cfg: OfficialConfig, seed: int) -> ArrayDataset | tuple[ArrayDataset, ArrayDataset]:

@@ -168,8 +168,8 @@ def fetch_missing(
     what = what or ", ".join(files)
     mirrors = MIRRORS[name]
     remedy = (
-        f"Place the files in {directory} yourself (from {mirrors[0]}), or set data.data_dir to a "
-        f"directory whose {directory.name}/ subdirectory holds them."
+        f"Place the files in {directory} yourself (from {mirrors[0]}), or point data.data_dir (or the "
+        f"RAYFL_DATA_DIR environment variable) at a directory whose {directory.name}/ subdirectory holds them."
     )
     if not download_missing:
         raise DatasetError(f"{name}: missing {what} in {directory}, and data.download is false. {remedy}")
