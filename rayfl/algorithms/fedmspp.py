@@ -1,16 +1,17 @@
 """FedMSPP: federated minibatch stochastic proximal point (Yuan & Li, NeurIPS 2022).
 
-A first-order baseline of FedRZO's App. D.1 (spec zo-nondiff.md 7.2). Every round each client
+A first-order baseline of FedRZO's App. D.1 (Fig. 3; ref. [55]). Every round each client
 draws ONE minibatch B_i of its data and returns an approximate proximal point
 
     x_i = argmin_x  f_i(x; B_i) + 1 / (2 gamma_p) ||x - x_r||^2,
 
 found by H gradient steps of size `lr` from x_r on that fixed minibatch; the server averages.
-With the spec's gamma_p = lr (D-17) each inner step is x <- x_r - lr grad f_i(x; B_i), the
-fixed-point iteration of the implicit step x = x_r - lr grad f_i(x): the "proximal point" is
-literal. Unlike FedProx, the local objective is one minibatch, not the whole local data set.
-Trained on whatever network the job names (App. D.1: the softplus one, `model.activation:
-softplus`, evaluated with the true ReLU through `model.eval_activation: relu`).
+With gamma_p = lr (the default: App. D.1 reports no gamma_p) each inner step is x <- x_r - lr
+grad f_i(x; B_i), the fixed-point iteration of the implicit step x = x_r - lr grad f_i(x): the
+"proximal point" is literal. Unlike FedProx, the local objective is one minibatch, not the whole
+local data set. Trained on whatever network the job names (App. D.1: the softplus one,
+`model.activation: softplus`, evaluated with the true ReLU through `model.eval_activation:
+relu`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ BATCH_PURPOSE = "fedmspp.batch"
 @dataclass
 class FedMSPPConfig(AlgorithmConfig):
     """FedMSPP: minibatch `batch_size`, H = `local_steps` inner gradient steps of size `lr`,
-    proximal parameter `prox_lr` gamma_p (null: = lr, spec D-17); full participation by
+    proximal parameter `prox_lr` gamma_p (null: = lr, rayfl's default); full participation by
     default, as in FedRZO's comparison."""
 
     name: str = "fedmspp"

@@ -2,8 +2,10 @@
 and FedRZO_minimax (its Corollary 1 instance with a federated ascent oracle).
 
 Qiu, Shanbhag, Yousefian, "Zeroth-Order Methods for Nondifferentiable, Nonconvex, and
-Hierarchical Federated Optimization", NeurIPS 2023, Alg. 2 (spec zo-nondiff.md 4, with the
-addendum's correction C1: clients evaluate at their own x_{i,k}; only y is delayed):
+Hierarchical Federated Optimization", NeurIPS 2023, Alg. 2 (Sec. 4.1). The text rayfl was
+built from lost the box; the steps below are rayfl's reading of Sec. 4.1's remarks (two oracle
+calls per global step, global smoothing) and of Remark 3 and Remark 7 (App. B.1), which name only
+the lower-level solutions as delayed: clients evaluate at their own x_{i,k}.
 
     3: the server draws ONE v_r uniform on the sphere of radius eta (global smoothing)
     4: two calls of the lower-level FL oracle (Alg. 3, `rayfl.zo.fl_oracle`) on the same
@@ -54,15 +56,16 @@ DIRECTION_PURPOSE = "fedrzo_bl.direction"
 
 @dataclass
 class FedRZOBLConfig(AlgorithmConfig):
-    """FedRZO_bl (NeurIPS 2023, Alg. 2; spec 4, 5, 7.4).
+    """FedRZO_bl (NeurIPS 2023, Alg. 2 and 3; Sec. 5.2's hyper-parameter learning).
 
     Upper level: `local_steps` H per round (local_epochs must be null), step `lr` gamma,
     smoothing radius `eta`, upper minibatch `batch_size`, constraint set X (`constraint`,
-    e.g. box low: 0.1 for hyperparam's x >= mu, spec 7.4) entering through the Moreau term.
+    e.g. box low: 0.1 for hyperparam's x >= mu, Sec. 5.2's set as rayfl reads it) entering
+    through the Moreau term.
     Full participation (the paper has no client sampling). `lower` is Alg. 3 (FedAvg, budget
     growing with r). `problem` picks Sec. 5.2 (`hyperparam`) or 5.3 (`fair`, use
     `fedrzo_minimax`); `reg_floor`, `lam`, `hidden`, `groups` are its constants.
-    `send_direction: seed` sends v_r as its 8-byte seed instead of n floats (spec D-18)."""
+    `send_direction: seed` sends v_r as its 8-byte seed instead of n floats (rayfl's option)."""
 
     name: str = "fedrzo_bl"
     local_epochs: int | None = None
@@ -117,7 +120,7 @@ class FedRZOBLConfig(AlgorithmConfig):
         if self.constraint.kind == "ball":
             raise ConfigError("algorithm.constraint.kind", "FedRZO_bl supports none or box sets here")
         if self.constraint.kind != "none" and self.lr > self.eta:
-            raise ConfigError("algorithm.lr", f"with a constraint need lr <= eta (the Moreau step overshoots otherwise, spec D-9), got {self.lr} > {self.eta}")
+            raise ConfigError("algorithm.lr", f"with a constraint need lr <= eta (the Moreau step overshoots otherwise), got {self.lr} > {self.eta}")
         self.constraint.validate_as("algorithm.constraint")
         self.lower.validate_as("algorithm.lower")
 
@@ -127,9 +130,10 @@ class FedRZOBLConfig(AlgorithmConfig):
 
 @dataclass
 class FedRZOMinimaxConfig(FedRZOBLConfig):
-    """FedRZO for minimax (Corollary 1, spec 4.3, 7.5): Alg. 2 unchanged on min_x max_y
+    """FedRZO for minimax (Sec. 4.2, Corollary 1; Sec. 5.3): Alg. 2 unchanged on min_x max_y
     (1/m) sum_i f_i(x, y) with h_i = -f_i, i.e. the lower-level oracle is federated gradient
-    ascent on y. Defaults: Sec. 5.3's fair classification (lam = 1, spec 7.6)."""
+    ascent on y. Defaults: Sec. 5.3's fair classification (lam = 1, rayfl's choice: the paper's
+    value was lost)."""
 
     name: str = "fedrzo_minimax"
     # Sec. 5.3's fair classification: the lower level is federated gradient ascent on y.
@@ -287,7 +291,8 @@ def run_fedrzo_bl(fed: Federation, cfg: FedRZOBLConfig, run: RunConfig) -> dict[
             "gamma": cfg.lr,
             "x_mean": float(np.mean(s.x)),
         }
-        # the loss at y0_r, the lower-level answer the round used, at the round's x_r (spec 7.4 [D])
+        # the loss at y0_r, the lower-level answer the round used, at the round's x_r (rayfl's
+        # metric: Fig. 2's axes were lost in extraction)
         metrics["upper_loss"] = upper_objective(evaluation, x_r, zero.y)
         metrics["log_upper_loss"] = float(np.log(metrics["upper_loss"])) if metrics["upper_loss"] > 0 else float("nan")
         if eval_due(r, run):

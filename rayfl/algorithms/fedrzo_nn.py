@@ -1,11 +1,12 @@
 """FedRZO_nn: randomized zeroth-order locally-projected federated averaging (Algorithm 1).
 
 Qiu, Shanbhag, Yousefian, "Zeroth-Order Methods for Nondifferentiable, Nonconvex, and
-Hierarchical Federated Optimization", NeurIPS 2023 (arXiv 2309.13024); spec
-../shared/specs/zo-nondiff.md section 3 (the algorithm box was lost in extraction; the spec's
-reconstruction is followed). The problem is min_x (1/m) sum_i f_i(x) + indicator of X_i, with
-f_i nonsmooth (a ReLU network) and X_i a client's own closed convex set; each client descends
-on its spherical smoothing f_i^eta plus the Moreau envelope (1/2eta) dist^2(x, X_i):
+Hierarchical Federated Optimization", NeurIPS 2023 (arXiv 2309.13024), Sec. 3. The text rayfl
+was built from lost the algorithm box; the steps below are rayfl's reading of the (Meta-ZO)
+scheme of Sec. 1.1(ii), Sec. 3 and Remark 5's compact form (6). The problem is min_x (1/m) sum_i
+f_i(x) + indicator of X_i, with f_i nonsmooth (a ReLU network) and X_i a client's own closed
+convex set; each client descends on its spherical smoothing f_i^eta plus the Moreau envelope
+(1/2eta) dist^2(x, X_i):
 
     2: every client starts the round at x_i := x_r
     4: draw a minibatch xi_{i,k} and v_{i,k} uniform on the sphere of radius eta (fresh per
@@ -45,16 +46,17 @@ BATCH_PURPOSE = "fedrzo_nn.batches"
 
 @dataclass
 class FedRZONNConfig(AlgorithmConfig):
-    """FedRZO_nn (spec sections 2.2, 2.3, 3; defaults from 7.6 where the paper lost them).
+    """FedRZO_nn (Alg. 1, Sec. 3; the Sec. 5.1 settings the extracted text lost are rayfl's).
 
     `lr` is gamma, `eta` the smoothing radius, `local_steps` H (or `local_schedule`, H_{i,r}
     from `rayfl.zo.schedules`); full participation (`participation: 1.0`) as in the paper.
     `estimator: forward` is the paper's one-sided (n/eta^2)(f(x+v) - f(x)) v; `central` the
-    ZO-HFL form (n/2eta)(f(x+eta u) - f(x-eta u)) u (spec D-3, an option). `weight_decay` is the
+    ZO-HFL form (n/2eta)(f(x+eta u) - f(x-eta u)) u (an option). `weight_decay` is the
     lambda of the objective's lambda/2 ||x||^2, inside the function the clients evaluate.
     `constraint` is every client's X_i, `client_constraints[i]` client i's own (personalized
     sets); the ball is {||x|| <= radius} around the origin. With a set other than R^n,
-    gamma <= eta is required: a larger gamma / eta overshoots past P_X(x) (spec D-9)."""
+    gamma <= eta is required (rayfl's rule, not the paper's): a larger gamma / eta overshoots
+    past P_X(x)."""
 
     name: str = "fedrzo_nn"
     clients_per_round: int | None = None
@@ -88,7 +90,7 @@ class FedRZONNConfig(AlgorithmConfig):
             c.validate_as(f"algorithm.client_constraints[{i}]")
         constrained = any(c.kind != "none" for c in [self.constraint, *self.client_constraints])
         if constrained and self.lr > self.eta:
-            raise ConfigError("algorithm.lr", f"with a constraint set gamma must be <= eta (spec D-9), got {self.lr} > {self.eta}")
+            raise ConfigError("algorithm.lr", f"with a constraint set gamma must be <= eta (a larger step overshoots the projection), got {self.lr} > {self.eta}")
 
 
 def constraint_of(cfg: FedRZONNConfig, client: int) -> ConstraintConfig:
@@ -219,9 +221,9 @@ def steps_of(fed: Federation, cfg: FedRZONNConfig, client: int, round: int) -> i
 
 
 def objective_metrics(fed: Federation, x: np.ndarray, weight_decay: float) -> dict[str, float]:
-    """The paper's "average loss" at x_r (spec D-12, D-13): mean CE over every client's
-    training rows, evaluated on the true ReLU network (eval mode), plus weight_decay/2 ||x||^2;
-    off the communication budget, on the driver."""
+    """The paper's "average loss" at x_r (Fig. 1's y-axis; which average is not stated): mean CE
+    over every client's training rows, evaluated on the true ReLU network (eval mode), plus
+    weight_decay/2 ||x||^2; off the communication budget, on the driver."""
     idx = np.concatenate(fed.dataset.client_train) if fed.dataset.client_train else np.zeros(0, np.int64)
     m = evaluate_arrays(fed.model, x, fed.dataset.train_x[idx], fed.dataset.train_y[idx], prefix="train_")
     x64 = x.astype(np.float64)
@@ -230,7 +232,8 @@ def objective_metrics(fed: Federation, x: np.ndarray, weight_decay: float) -> di
 
 
 def feasibility(fed: Federation, cfg: FedRZONNConfig, x: np.ndarray) -> dict[str, float]:
-    """max_i dist(x_r, X_i): Prop. 2 bounds it by eta L_0 at a stationary point (spec 6.3)."""
+    """max_i dist(x_r, X_i): Prop. 2(ii) bounds this "infeasibility" at a stationary point of
+    the smoothed problem (by eta L_0 in rayfl's reading of the bound the extracted text lost)."""
     sets = {constraint_of(cfg, c).kind for c in range(fed.num_clients)}
     if sets == {"none"}:
         return {}

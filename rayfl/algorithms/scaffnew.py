@@ -1,6 +1,6 @@
 """Scaffnew (ProxSkip for federated learning; Mishchenko, Malinovsky, Stich, Richtarik, ICML 2022).
 
-A first-order baseline of FedRZO's App. D.1 (spec zo-nondiff.md 7.2). Each client keeps a control
+A first-order baseline of FedRZO's App. D.1 (Fig. 3; ref. [35]). Each client keeps a control
 variate h_i (persistent, in its committed state) and steps
 
     x^_i = x_i - gamma (grad f_i(x_i) - h_i);
@@ -11,7 +11,8 @@ communication). The coin is common to all clients, so a round (one communication
 Geometric(p) number of local steps H_r, drawn by the server from (seed, 'scaffnew.coin', r).
 The client sends w_i = x^_i - (gamma/p) h_i and keeps x^_i; on the next round's broadcast of
 the average x_{r+1} it finishes the h_i update before stepping again. Default p = 1/H with
-H = `local_steps` (spec D-17), so the expected local work matches FedAvg's H steps.
+H = `local_steps` (rayfl's default: App. D.1 reports no p), so the expected local work matches
+FedAvg's H steps.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The server's own data as one more, always-participating client of a first-order baseline.
 
-ZO-HFL's server trains on 30% of the training data every round (its f1 term) while FedAvg,
-FedProx and SCAFFOLD, as the paper runs them, never see that data: a confounder of Table I
-(spec 3.3 and 5.15(b)). With `server_as_client: true` a baseline gets the same data as an extra
-client that runs the baseline's own client function on the driver every round. It is the
+ZO-HFL's server trains on 30% of the training data every round (its f1 term, Alg. 1 line 7)
+while the paper does not say that FedAvg, FedProx and SCAFFOLD see that data (Sec. IV): a
+possible confounder of Table I. With `server_as_client: true` a baseline gets the same data as
+an extra client that runs the baseline's own client function on the driver every round. It is the
 server's computation, so it is not charged on the simulated clock; its RNG streams use the
 client id m (one past the last real client)."""
 

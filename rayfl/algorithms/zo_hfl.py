@@ -1,7 +1,8 @@
 """ZO-HFL: randomized zeroth-order hierarchical (bilevel) federated learning.
 
 Qiu, Kim, Yousefian, "A Randomized Zeroth-Order Hierarchical Framework for Heterogeneous
-Federated Learning", arXiv 2504.01839 (revised version; spec: ../shared/specs/zo-hfl.md).
+Federated Learning", arXiv 2504.01839 (revised version: H_{i,r} with the ceiling; v1 has the
+same algorithms and Table I).
 
     min_x  f1(x) + sum_i w_i f2(x, y_i(x)),   y_i(x) = argmin_{y in Y_i(x)} CE_i(y) + mu/2 ||x - y||^2
 
@@ -15,9 +16,9 @@ x_r +- eta v_{i,r}. Every round (Alg. 1):
     7: g = grad f1~(x_r, xi_r) + sum_i w_i (d / 2 eta)(f2(x_r + eta v, y+) - f2(x_r - eta v, y-)) v
     8: x_{r+1} = x_r - gamma_r g,  gamma_r = gamma_0 / (r + 1)^p
 
-Defaults are the paper's Sec. IV values where it gives them and the spec's section-5
-recommendations where it does not (lam = 1, mu = 0.1, batch 64, x_0 = 0, warm starts, common
-random numbers, self-normalised weights over participants).
+Defaults are the paper's Sec. IV values where it gives them and rayfl's choices where it does
+not (lam = 1, mu = 0.1, batch 64, x_0 = 0, warm starts, common random numbers, self-normalised
+weights over participants); docs/replications/zo-hfl.md says why for each.
 """
 
 from __future__ import annotations
@@ -59,19 +60,19 @@ class ZOHFLConfig(AlgorithmConfig):
     Sec. IV; p in (1/2, 1] for Thm 2's a.s. result); one minibatch of `server_batch_size` from
     its own data per round (f1); x_0 = 0 (`init: zeros`) or the model's initialisation, after
     `server_pretrain_steps` SGD steps on f1 (0: the paper's "pre-training" is the f1 term).
-    Zeroth order: `eta` = 0.1; penalty f2 = `lam`/2 ||x - y||^2 (lam not reported; 1 by the
-    spec's rule gamma_0 lam sqrt(d) <~ 1: on MNIST lam = 10 or 100 leaves the global model at
-    chance, the estimate's noise ~ sqrt(d) times its signal; lam = 0 is server-only SGD, and
-    the clients are then not called); `directions` independent per client (the paper's
-    v_{i,r}) or one shared v_r.
+    Zeroth order: `eta` = 0.1; penalty f2 = `lam`/2 ||x - y||^2 (lam not reported; 1 keeps
+    gamma_0 lam sqrt(d), the ZO noise step per unit gap, below 1: on MNIST lam = 10 or 100
+    leaves the global model at chance, the estimate's noise ~ sqrt(d) times its signal;
+    lam = 0 is server-only SGD, and the clients are then not called); `directions`
+    independent per client (the paper's v_{i,r}) or one shared v_r.
     Clients: H_{i,r} from `local_schedule` (sqrt, tau = 20 in Table I), step `lr`/(t +
     `lr_offset`) = 0.1/(t+1), minibatch `batch_size`, lower level CE + `mu`/2 ||x - y||^2
     (mu = 0.1; larger mu keeps clients near x under extreme heterogeneity, Sec. IV), projected
     on `constraint`. `client_init: warm` starts both solves at Pi[y_bar_i], the client's last
     (y+ + y-)/2 (the global model at its first call); `input` at x_r +- eta v. `randomness:
     common` gives both solves the same minibatches (the d/2eta ~ 4e4 factor would otherwise
-    amplify independent SGD noise; spec 5.2). Aggregation: `weights` data_size (rho_i =
-    N_i / sum_j N_j, Sec. IV) or uniform (1/m, the theory); `aggregation: participants`
+    amplify independent SGD noise; the paper does not say). Aggregation: `weights` data_size
+    (rho_i = N_i / sum_j N_j, Sec. IV) or uniform (1/m, the theory); `aggregation: participants`
     renormalises them over the round's clients, `unbiased` scales by m/|S_r|, `all_clients`
     calls every client with H = 0 for those not sampled (the paper's straggler reading).
     Communication: `send_direction: seed` sends 8 bytes instead of v; `upload: scalars` sends
@@ -510,14 +511,16 @@ def server_gradient(server: Any, kernel: CrossEntropyGrad, x32: np.ndarray, batc
 
 
 def initial_point(fed: Federation, cfg: ZOHFLConfig) -> np.ndarray:
-    """x_0 in float64: zeros (spec 5.6; the softmax model is convex in x) or the model's init."""
+    """x_0 in float64: zeros (not stated in the paper; the softmax model is convex in x) or the
+    model's init."""
     if cfg.init == "zeros":
         return np.zeros(fed.num_params, dtype=np.float64)
     return fed.initial_params().astype(np.float64)
 
 
 def pretrain(x: np.ndarray, server: Any, kernel: CrossEntropyGrad, cfg: ZOHFLConfig) -> np.ndarray:
-    """Optional SGD on f1 alone before round 0, at step gamma_0 (spec 5.6)."""
+    """Optional SGD on f1 alone before round 0, at step gamma_0 (not in the paper, whose
+    "pre-training" is the f1 term of every round)."""
     if server is None:
         return x
     for s in range(cfg.server_pretrain_steps):
@@ -528,8 +531,9 @@ def pretrain(x: np.ndarray, server: Any, kernel: CrossEntropyGrad, cfg: ZOHFLCon
 
 
 class PenaltyTracker:
-    """lam/2 sum_i rho_i ||x - y_bar_i||^2 with each client's latest y_bar (spec 5.14): exact
-    for the current x when clients upload models, from their last reported gap otherwise.
+    """lam/2 sum_i rho_i ||x - y_bar_i||^2 with each client's latest y_bar (rayfl's reading of
+    the penalty in Fig. 2's "global loss", which Sec. IV does not define): exact for the
+    current x when clients upload models, from their last reported gap otherwise.
     Clients never called yet contribute nothing."""
 
     def __init__(self, lam: float, rho: np.ndarray):
@@ -561,7 +565,7 @@ def squared_distance(a: np.ndarray, b: np.ndarray) -> float:
 
 def objective(fed: Federation, server: Any, x32: np.ndarray, penalty: PenaltyTracker) -> dict[str, float]:
     """The upper-level objective f(x) = f1(x) + penalty on all server data (Fig. 2's "global
-    loss", spec 5.14) and the CE of x on the whole training split."""
+    loss", which Sec. IV does not define) and the CE of x on the whole training split."""
     out: dict[str, float] = {}
     f1 = 0.0
     if server is not None:

@@ -7,10 +7,12 @@ For h^eta(x) = E_{u ~ Unif(ball)}[h(x + eta u)], Lemma 7(i) of ZO-HFL (arXiv 250
 so one draw of v and two function values give an unbiased estimate of the smoothed gradient.
 (The paper's display of grad f_2^eta omits the d / 2 eta factor; Lemma 7 has it.) The factor is
 d / 2 eta = 39,200 for a 7,840-parameter model at eta = 0.1, which is why every difference here
-is formed in float64, and for the quadratic penalty in the factored form of spec section 2.4.
+is formed in float64, and for the quadratic penalty in a factored form
+(`quadratic_penalty_difference`).
 
-FedRZO (Qiu, Shanbhag, Yousefian, NeurIPS 2023; spec zo-nondiff.md 2.2) uses the one-sided form
-with v uniform on the sphere of radius eta (`forward_difference_estimate`):
+FedRZO (Qiu, Shanbhag, Yousefian, NeurIPS 2023, Sec. 3 and Lemma 1(i)) samples v uniform on the
+sphere of radius eta; its formula was lost in the text rayfl was built from, and rayfl uses the
+one-sided form (`forward_difference_estimate`), which fits the "||v|| = eta" of its Lemma 3 proof:
 
     g = (n / eta) (h(x + v) - h(x)) v / ||v|| = (n / eta^2) (h(x + v) - h(x)) v,
 
@@ -54,7 +56,7 @@ def quadratic_penalty_difference(
 ) -> float:
     """f2(x + eta v, y+) - f2(x - eta v, y-) = lam/2 (e+ - e-)^T (e+ + e-), e+- = x +- eta v - y+-.
 
-    The factored form never subtracts two large, nearly equal norms (spec section 2.4)."""
+    The factored form never subtracts two large, nearly equal norms."""
     x = np.asarray(x, dtype=np.float64)
     v = np.asarray(v, dtype=np.float64)
     e_plus = x + eta * v - np.asarray(y_plus, dtype=np.float64)

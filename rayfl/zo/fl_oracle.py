@@ -1,4 +1,4 @@
-"""The inexact lower-level FL oracle of FedRZO_bl: FedAvg on h(x, .) (Alg. 3, spec 5).
+"""The inexact lower-level FL oracle of FedRZO_bl: FedAvg on h(x, .) (Alg. 3, Remark 2(ii)).
 
 FedRZO_bl (Qiu, Shanbhag, Yousefian, NeurIPS 2023) needs y(x) = argmin_y (1/m) sum_i h_i(x, y)
 at two points per upper round. "[y_eps(x)] can be computed using calls to a standard FL method,
@@ -12,7 +12,8 @@ communication rounds on the simulated clock, logged with phase `lower_<call>`):
                             y_{s+1} = (1/m) sum_i y_i
     return y_{R~_r}
 
-The budget R~_r grows with r (spec D-8: min(R_max, R_0 + floor(r / every))). For a minimax
+The budget R~_r grows with r; the paper's schedule was lost in extraction, and rayfl's is
+min(R_max, R_0 + floor(r / every)). For a minimax
 problem h_i = -f_i and the same descent is the ascent of the inner max. The problem is duck
 typed: the client receives a picklable spec whose `for_client(ctx)` returns an object with
 `lower` (the client's lower-level rows, a dict of tensors) and `lower_gradient(x, y, batch)`.
@@ -34,12 +35,13 @@ QUERY_KEY = "fl_oracle.query"
 
 @dataclass
 class LowerLevelConfig:
-    """Alg. 3's knobs (spec 5, D-8): R~_r = min(rounds_max, rounds0 + floor(r / rounds_every))
-    lower rounds (`growing`; `constant`: rounds0 every call) of `local_steps` H^ steps of size
-    `lr` on minibatches of `batch_size`. `init: zeros` starts every call at y = 0; `warm`
-    starts at the previous round's y at x_r (not the paper's, an option). `randomness:
-    common` gives the two calls of a round the same minibatches (common random numbers), so
-    y+ - y0 reflects the query points, not sampling noise; `independent` draws per call."""
+    """Alg. 3's knobs (rayfl's: the box was lost in extraction): R~_r = min(rounds_max, rounds0
+    + floor(r / rounds_every)) lower rounds (`growing`; `constant`: rounds0 every call) of
+    `local_steps` H^ steps of size `lr` on minibatches of `batch_size`. `init: zeros` starts
+    every call at y = 0; `warm` starts at the previous round's y at x_r (not the paper's, an
+    option). `randomness: common` gives the two calls of a round the same minibatches (common
+    random numbers), so y+ - y0 reflects the query points, not sampling noise; `independent`
+    draws per call."""
 
     # The lower-level budget per call: growing (min(rounds_max, rounds0 + floor(r / rounds_every))
     # FedAvg rounds at upper round r) or constant (rounds0 every call).
@@ -83,7 +85,7 @@ def lower_rounds(cfg: LowerLevelConfig, upper_round: int) -> int:
 class OracleCall:
     """What one call cost and returned: y_eps(x), its lower rounds, bytes moved, simulated
     seconds on the clock, the clients' mean lower-level loss in the last round and how many
-    client steps clamped a parameter (hyperparam's regularisation floor, spec D-10)."""
+    client steps clamped a parameter (hyperparam's regularisation floor)."""
 
     y: np.ndarray
     rounds: int
@@ -107,7 +109,7 @@ def fl_oracle_client(
 ) -> dict[str, Any]:
     """Alg. 3 lines 3-6 on client i: H^ steps of y <- y - lr grad_y h~_i(x, y; zeta) from the
     broadcast y. The query point x arrives with the first lower round of a call and stays in
-    the client's state for the rest of it (it is sent once, spec 4.2)."""
+    the client's state for the rest of it (it is sent once)."""
     key = f"{QUERY_KEY}.{call}"
     if query is not None:
         ctx.state[key] = np.asarray(query, dtype=np.float64)

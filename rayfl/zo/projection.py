@@ -5,7 +5,7 @@ Y_i(x) that may depend on the global point x the client received, which in ZO-HF
 *perturbed* point x_r +- eta v. The paper's example is the trust region {y : ||y - x|| <= rho_i}
 (personalization with a bounded dissimilarity); its appendix toy uses the nonnegative orthant.
 
-FedRZO (Qiu, Shanbhag, Yousefian, NeurIPS 2023, spec zo-nondiff.md sections 1.1, 2.3, 8.3) uses
+FedRZO (Qiu, Shanbhag, Yousefian, NeurIPS 2023, Sec. 1.1(ii) and Sec. 3) uses
 fixed local sets X_i (R^n, box, half-space, ball, simplex) through the gradient of the Moreau
 envelope of their indicator, (1/eta)(x - P_X(x)) (`moreau_gradient`); there the ball is centred
 at the `center` the caller passes (the origin for a fixed ball {||x|| <= radius}).
@@ -27,8 +27,8 @@ class ConstraintConfig:
     """Y_i(x) (ZO-HFL Sec. II, Assumption 1(iv)).
 
     `none`: R^d, the paper's experiments. `ball`: {y : ||y - x|| <= radius} around the point x
-    the client received (`client_radius[i]` overrides `radius` per client; the spec calls it
-    `constraint_radius` because the paper reuses rho_i for data weights); radii of the order of
+    the client received (`client_radius[i]` overrides `radius` per client: the paper's rho_i,
+    a name Sec. IV reuses for the data weights); radii of the order of
     ||x|| keep the lower level personal but tied to x. `box`: low <= y <= high elementwise
     (low: 0, high: null is the orthant of the appendix toy). `halfspace`: {y : a^T y <= offset}
     with a = `normal` (empty: the all-ones vector). `simplex`: {y >= 0, sum(y) = radius}
@@ -138,7 +138,8 @@ def moreau_gradient(
     x: torch.Tensor, center: torch.Tensor, cfg: ConstraintConfig, eta: float, client: int = 0
 ) -> torch.Tensor:
     """(1/eta)(x - P_X(x)): the gradient of the Moreau envelope (1/2eta) dist^2(x, X) of X's
-    indicator (FedRZO's local-step term, spec 1.1 and 2.3); zero when X = R^n or x is in X."""
+    indicator (FedRZO's local-step term, Sec. 1.1(ii) and Sec. 3); zero when X = R^n or x is
+    in X."""
     if cfg.kind == "none":
         return torch.zeros_like(x)
     return (x - project(x, center, cfg, client)) / eta

@@ -33,9 +33,10 @@ class StepsSchedule:
     20, 29, ..., 448 steps, 149,507 over 500 rounds). `constant`: ceil(tau_i) every round.
     `table`: a CSV `client,round,steps` (round -1 = every round of that client). `function`:
     `package.module:name`, any fn(client, round) -> int. tau_i is `client_tau[i]` when given,
-    else `tau`. `multiplier` scales every H (2 gives a baseline ZO-HFL's compute: two solves
-    of H each, the spec's `compute_matched`). `straggler_prob` sets H = 0 for each (i, r) with
-    that probability, drawn from the stream (seed, 'steps.straggler', r, i)."""
+    else `tau`. `multiplier` scales every H (2 gives a baseline ZO-HFL's compute: two solves of
+    H each, one reading of Sec. IV (ii)'s equal "total number of local steps"). `straggler_prob`
+    sets H = 0 for each (i, r) with that probability, drawn from the stream (seed,
+    'steps.straggler', r, i)."""
 
     # H_{i,r}, client i's local steps in round r: sqrt (ceil(tau_i sqrt(r + 1)), ZO-HFL's); constant
     # (ceil(tau_i)); table (a CSV); function (a Python callable).

@@ -1,13 +1,13 @@
 """FedRZO's Fig. 2 (NeurIPS 2023, Sec. 5.2 left, 5.3 right) from Parquet results.
 
-The paper's axes and captions were lost in extraction; spec zo-nondiff.md 7.4 / 7.5 [D]: the
-log of the average upper-level loss against communication rounds, one line per H, mean +- std
-over seeds. Each panel is drawn twice: against *upper* rounds (the paper's likely axis) and
-against *total* rounds, lower-level FedAvg rounds of both oracle calls included, which is where
-the delay mechanism's saving shows (D-15). Left: hyperparameter learning (`fedrzo_bl`,
-problem hyperparam), metric `upper_loss` (the loss at y0_r, every round). Right: fair
-classification (`fedrzo_minimax`), metric `implicit_obj` (exact inner max, eval rounds).
-`delay_saving` tabulates the total rounds each H needed to reach a common loss.
+The paper's axes and captions were lost in extraction; rayfl draws the log of the average
+upper-level loss against communication rounds, one line per H, mean +- std over seeds. Each
+panel is drawn twice: against *upper* rounds (the paper's likely axis) and against *total*
+rounds, lower-level FedAvg rounds of both oracle calls included, which is where the delay
+mechanism's saving shows. Left: hyperparameter learning (`fedrzo_bl`, problem hyperparam),
+metric `upper_loss` (the loss at y0_r, every round). Right: fair classification
+(`fedrzo_minimax`), metric `implicit_obj` (exact inner max, eval rounds). `delay_saving`
+tabulates the total rounds each H needed to reach a common loss.
 """
 
 from __future__ import annotations

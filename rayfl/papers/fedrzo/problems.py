@@ -1,4 +1,4 @@
-"""The two hierarchical problems of FedRZO's Sec. 5.2 and 5.3 (spec zo-nondiff.md 7.4, 7.5).
+"""The two hierarchical problems of FedRZO's Sec. 5.2 and 5.3 (Fig. 2 left and right).
 
 Both are (FL_bl) instances over the same m clients: an upper-level loss f~_i(x, y, xi) that
 clients evaluate (zeroth order, at two points) and a lower-level objective h~_i(x, y, zeta)
@@ -14,9 +14,10 @@ whose y-gradient the lower-level FL oracle (`rayfl.zo.fl_oracle`, Alg. 3) follow
   its group-j rows; the lower level is ascent in y (h_i = -f_i), whose exact maximiser is
   y_j = L_j(x) / lam.
 
-Labels are binary, v = +1 for the upper half of the classes (digit >= 5) and -1 otherwise
-(spec D-5); losses are per-client means (D-12). Everything is float64: the estimator multiplies
-a loss difference by n / eta^2.
+The extracted text lost both problems' formulas; the forms above are rayfl's reading of the
+surviving prose. Labels are binary, v = +1 for the upper half of the classes (digit >= 5) and
+-1 otherwise (the paper does not say how MNIST is made binary); losses are per-client means.
+Everything is float64: the estimator multiplies a loss difference by n / eta^2.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class ProblemSpec:
 
     name: Literal["hyperparam", "fair"] = "hyperparam"
     num_classes: int = 10
-    reg_floor: float = 1e-4  # hyperparam: lower-level l2 weight clamped at >= this (spec D-10)
+    reg_floor: float = 1e-4  # hyperparam: lower-level l2 weight clamped at >= this (strong convexity)
     lam: float = 1.0  # fair: strong concavity of the inner max
     hidden: int = 4  # fair: N_1 hidden ReLU units
     groups: Literal["class", "binary"] = "class"  # fair: group j = original class, or binary label
@@ -49,7 +50,7 @@ class ProblemSpec:
 
 
 def binary_labels(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """v = +1 for classes >= num_classes // 2 (digits 5-9), -1 otherwise (spec D-5)."""
+    """v = +1 for classes >= num_classes // 2 (digits 5-9), -1 otherwise (rayfl's choice)."""
     return torch.where(labels >= num_classes // 2, 1.0, -1.0).to(torch.float64)
 
 
@@ -102,7 +103,7 @@ def regularisation(x: np.ndarray, client: int, spec: ProblemSpec) -> tuple[float
 
 
 def relu_net_dim(features: int, hidden: int) -> int:
-    """n = N1 (N0 + 2) + 1: Z1 [N1, N0], w1 [N1], z2 [N1], w2 (spec 7.1)."""
+    """n = N1 (N0 + 2) + 1: Z1 [N1, N0], w1 [N1], z2 [N1], w2 (Sec. 5.1's net, scalar output)."""
     return hidden * (features + 2) + 1
 
 
@@ -137,7 +138,7 @@ def fair_value(x: torch.Tensor, y: torch.Tensor, b: Batch, spec: ProblemSpec, we
 
 def init_relu_net(seed_rng: np.random.Generator, features: int, hidden: int) -> np.ndarray:
     """PyTorch's default Linear initialisation, U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights
-    and biases of both layers, drawn from a seeded numpy stream (spec D-20)."""
+    and biases of both layers, drawn from a seeded numpy stream (x_0 is not stated in the paper)."""
     a1, a2 = 1.0 / np.sqrt(features), 1.0 / np.sqrt(hidden)
     first = seed_rng.uniform(-a1, a1, size=hidden * (features + 1))
     second = seed_rng.uniform(-a2, a2, size=hidden + 1)
@@ -212,7 +213,7 @@ def dimensions(spec: ProblemSpec, num_clients: int, features: int) -> tuple[int,
 
 
 def initial_point(spec: ProblemSpec, num_clients: int, features: int, rng: np.random.Generator) -> np.ndarray:
-    """x_0: all ones for hyperparam (>= mu, spec D-20), the seeded default init for fair."""
+    """x_0: all ones for hyperparam (feasible for x >= mu), the seeded default init for fair."""
     if spec.name == "hyperparam":
         return np.ones(num_clients)
     return init_relu_net(rng, features, spec.hidden)

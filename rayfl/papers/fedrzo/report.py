@@ -1,7 +1,7 @@
 """FedRZO's Figs. 1, 3 and 4 (NeurIPS 2023, Sec. 5.1, App. D.1, D.2) from Parquet results.
 
-All three plot the log of the average loss against communication rounds (the paper's axes; its
-images were lost, spec 7.1-7.3):
+All three plot the log of the average loss against communication rounds (the paper's axes:
+"Log of average loss" survives in the figures' headers, the images were lost in extraction):
 
 * Fig. 1 (experiment `fedrzo_fig1`): FedRZO_nn on the ReLU network, a panel per eta, a line per
   H; y = log of the average training loss at x_r (`log_objective`).
