@@ -179,7 +179,7 @@ def test_normalised_equals_literal_with_lr_scaled_by_gamma_over_z():
     np.testing.assert_allclose(norm, lit["delta"].numpy(), rtol=1e-5, atol=1e-7)
     same_lr = comfedl_client(context(x, y), w0, **client_kwargs(lr=lr, gamma=gamma, weighting="literal"))
     assert np.abs(same_lr["delta"].numpy() - norm).max() > 1e-2
-    # the literal factor at ln 10 and gamma = 0.1 is ~1e11 (spec Key fact 4); normalised clamps
+    # the literal factor at ln 10 and gamma = 0.1 is ~1e11 (gamma of ComFedL Sec. 5.3); normalised clamps
     assert outer_weight(math.log(10), "exp", 0.1, "literal") == pytest.approx(10**10 / 0.1 * 1.0, rel=1e-9)
     assert outer_weight(1e6, "exp", 0.1, "literal") == math.inf
     assert outer_weight(100.0, "exp", 0.1, "normalized", shift=0.0, clamp=30.0) == pytest.approx(math.exp(30.0))

@@ -1,4 +1,4 @@
-"""Partial-personalization masks on the real networks, and adapters / LoRA (FFGG, spec §6.21):
+"""Partial-personalization masks on the real networks, and adapters / LoRA (FFGG, Table 1 "Adapter"):
 each scheme picks exactly its parameters, adapters start as the identity edit, LoRA computes
 W + (alpha / r) B A, and no model keeps buffers."""
 

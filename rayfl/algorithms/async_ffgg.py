@@ -1,4 +1,4 @@
-"""Asynchronous FFGG (Alg. 3, arXiv 2305.18285; spec Sec. 3.4 and 6.1-6.4) on the exact
+"""Asynchronous FFGG (Alg. 3, arXiv 2305.18285, Sec. 2.2 and App. C) on the exact
 asynchronous engine (`Federation.async_pool`): `concurrency` jobs are in flight; each server
 step takes the earliest job on the simulated clock, applies its delayed operator
 
@@ -11,9 +11,9 @@ the authors' Ray notebook). The new job starts from theta^{r+1} (`dispatch_model
 line 6) or from theta^r (`old`: the proof's F_{m_r}(theta^r) and the authors' code).
 
 Step size: `constant` server_lr (null: 1/L), `theory` 1/(2 L sqrt(2 K tau_max)) with K the
-concurrency (the number of *active* clients, spec 6.3) and tau_max = algorithm.tau_max, or
+concurrency (the number of *active* clients, Theorem 7's M) and tau_max = algorithm.tau_max, or
 `delay_adaptive` gamma K / max(K, d) (the authors' notebook). `max_staleness` drops staler
-updates (A5's bound enforced). One `rounds` row per applied update."""
+updates (Assumption 5's bound enforced). One `rounds` row per applied update."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class AsyncFFGGConfig(FFGGConfig):
     step_rule: Literal["constant", "theory", "delay_adaptive"] = "constant"
     # The delay bound step_rule theory assumes (>= 1); null otherwise.
     tau_max: int | None = None
-    # Drop updates whose delay exceeds this many server steps (>= 0, A5's bound enforced); null:
+    # Drop updates whose delay exceeds this many server steps (>= 0, Assumption 5's bound enforced); null:
     # keep all.
     max_staleness: int | None = None
 

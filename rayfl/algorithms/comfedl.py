@@ -15,9 +15,10 @@ instantiations have a scalar composed loss q(w) and the shared outer function g 
   the query loss (batch B~ of D~_i, |B~| = b1) after one inner step on the support batch B,
   differentiated through the inner step (`second_order`; first order is a deviation).
 
-So u = g'(q) grad q. The literal g'(q) = exp(q/gamma)/gamma reaches 1e11 at the paper's own
-settings (spec Key fact 4), so `weighting: normalized` (default; spec Sec. 2.5) first asks
-every sampled client for L_i = q at w_s, broadcasts c_s = gamma log((1/m) sum_j exp(L_j/gamma))
+So u = g'(q) grad q. The literal g'(q) = exp(q/gamma)/gamma is 1e11 at the first 10-class CE
+loss ln 10 and gamma = 0.1 of the paper's grid (Sec. 5.3), 5e5 at its gamma = 0.2 (Sec. 5.1); the
+paper does not discuss this scale. So `weighting: normalized` (default; rayfl's, not the paper's)
+first asks every sampled client for L_i = q at w_s, broadcasts c_s = gamma log((1/m) sum_j exp(L_j/gamma))
 and steps with exp((q - c_s)/gamma) grad q (exponent clamped at `clamp`): exactly the literal
 step with the learning rate rescaled by gamma / Z_s, Z_s = exp(c_s/gamma), for the whole round.
 """
@@ -158,7 +159,8 @@ class ComposedLoss:
 
 def _streams(ctx: ClientContext, steps: int, b: int, b1: int, maml: bool, purpose: str) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """(B_t from D_i, B~_t from D~_i) index batches: two independent streams over the
-    client's training data (spec A4), sizes clipped to the client's size. B_t comes from the
+    client's training data (the paper does not say what D_i and D~_i are), sizes clipped to the
+    client's size. B_t comes from the
     `batches` stream in training, the one `local_sgd` draws, so `outer: identity` walks the
     very minibatches of FedAvg."""
     n = ctx.num_samples
@@ -176,7 +178,7 @@ def comfedl_probe(
     ctx: ClientContext, params: np.ndarray, objective: str, inner_lr: float, second_order: bool,
     batch_size: int, outer_batch_size: int,
 ) -> dict[str, Any]:
-    """L_i at w_s for the normalised step (spec 2.5, N2): the full local training loss for
+    """L_i at w_s for the normalised step (rayfl's, not the paper's): the full local training loss for
     `loss`, the post-adaptation query loss on one support / query batch for `maml`."""
     if ctx.num_samples == 0:
         return {"probe": float("nan")}

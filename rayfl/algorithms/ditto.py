@@ -1,7 +1,8 @@
 """Ditto (Li, Hu, Beirami, Smith, ICML 2021; ComFedL's baseline [28]): a global model trained
 by FedAvg, and on every client a persistent personal model pulled towards it.
 
-Client k in round s, from the broadcast w_s (spec Sec. 3.5, A22):
+Client k in round s, from the broadcast w_s (ComFedL Sec. 5.2 gives only the two learning rates
+and lam; the step pattern is rayfl's reading of Ditto):
 
     global:   tau SGD steps  w <- w - lr grad F_k(w)                      -> upload w - w_s
     personal: tau SGD steps  v_k <- v_k - personal_lr (grad F_k(v_k) + lam (v_k - w_s))
@@ -10,7 +11,7 @@ on the same minibatches. v_k lives in the client's state (`ctx.state["personal"]
 committed only when the server accepts the task (a late or dropped task leaves the previous
 v_k), survives checkpoints and is replayed after a host failure. A client's first v_k starts
 from the w_s it first receives (= w_0 under ComFedL's full participation). The server averages
-the global deltas uniformly (spec Sec. 4.5). Evaluation uses each client's v_k as it is (no
+the global deltas uniformly (as ComFedL's Alg. 1, line 17). Evaluation uses each client's v_k as it is (no
 adaptation step), as the paper does; a client that never trained is measured on w_s."""
 
 from __future__ import annotations

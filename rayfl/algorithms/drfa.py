@@ -8,8 +8,9 @@ f_i(w) with an explicit client weight vector lambda on the server:
 
 `variant: sampling` is the paper's Alg. 1: the training clients are sampled according to lambda
 (with replacement, a client drawn twice counts twice in the uniform average), lambda_0 uniform,
-U a fresh uniform sample. `variant: weighted` (default, spec A18) is the DRFA authors' FedTorch
-code the ComFedL authors appear to have used: clients are sampled uniformly and averaged with
+U a fresh uniform sample. `variant: weighted` (default) is the DRFA authors' FedTorch code, whose
+`drfa_gamma` matches ComFedL's "client weights learning rate" 8e-2 (Sec. 5.1; the paper does not
+say which DRFA it ran): clients are sampled uniformly and averaged with
 their lambda weights, lambda_0 proportional to n_i, the weight lr decays by `weight_lr_decay`
 per round, and lambda is floored at `weight_floor` after the projection (then renormalised)."""
 

@@ -1,8 +1,9 @@
 """FedAvg evaluated as a personalized method: ComFedL's MAML comparison (Sec. 5.2, Fig. 4)
 trains FedAvg unchanged and, "for fair comparison, FedAvg is trained with one step at test
 time": the same one-step adaptation on each client's data that the meta-learning methods get,
-at FedAvg's lr (spec A14). Training is exactly `fedavg`'s (same client function, size-weighted
-average, spec A28); only the evaluation differs."""
+at FedAvg's lr (the paper gives none for the step). Training is exactly `fedavg`'s (same client
+function, size-weighted average: "FedAvg assigns weights proportional to the number of samples",
+Sec. 5.1); only the evaluation differs."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ What the split is: on `data.dataset: ffgg_quadratic` theta is the first d_theta 
 `rayfl.models.personal.personal_mask(model, algorithm.personal_scheme,
 algorithm.personal_patterns)`, and w = flat[mask] starts from the module's default init.
 Step sizes left null take the quadratic's constants: gamma_theta = 1/L, gamma_w = 1/L_w
-(spec 6.6-6.7); on networks server_lr 1.0 and w_lr = algorithm.lr.
+(Theorem 6's step sizes; the paper does not state those of Fig. 1); on networks server_lr 1.0 and w_lr = algorithm.lr.
 
 Alg. 5 (BR-FFGG) is Alg. 1 under the job's `robust:` section: Delta is the declared upload, so
 the round pipeline (rayfl.pipeline) replaces mean_m by ARAgg and lets the Byzantine clients
@@ -131,11 +131,12 @@ class LocalFFGGConfig(FFGGConfig):
 @dataclass
 class BRFFGGConfig(FFGGConfig):
     """BR-FFGG (Alg. 5): full participation (Alg. 5 samples nobody) and a robust aggregator, set
-    in the job's `robust:` section; a job that names none gets the authors' Byzantine run's
-    (spec 6.28: `{name: median, bucket_size: 2}`), and the plain mean is refused."""
+    in the job's `robust:` section; a job that names none gets `{name: median, bucket_size: 2}`
+    (the paper runs no Byzantine experiment; this is the authors' public Byzantine notebook's
+    aggregator), and the plain mean is refused."""
 
     robust_variant_of: ClassVar[str] = "ffgg"  # what it is without a robust aggregator
-    # the job's robust.aggregator when it names none: the authors' Byzantine run (spec 6.28)
+    # the job's robust.aggregator when it names none: the authors' public Byzantine notebook's
     robust_aggregator: ClassVar[dict[str, Any]] = {"name": "median", "bucket_size": 2}
     name: str = "br_ffgg"
     # Full participation by default, as Alg. 5 samples nobody.
@@ -193,7 +194,7 @@ def server_split(fed: Federation, cfg: FFGGConfig) -> Split:
 
 
 def step_sizes(split: Split, cfg: FFGGConfig) -> tuple[float, float]:
-    """(gamma_theta, gamma_w): configured, or 1/L and 1/L_w on the quadratic (spec 6.6-6.7),
+    """(gamma_theta, gamma_w): configured, or 1/L and 1/L_w on the quadratic (Theorem 6),
     1.0 and algorithm.lr on networks."""
     if split.quadratic:
         o = split.oracle

@@ -1,5 +1,5 @@
-"""Split objectives f_m(theta, w) and the local solvers FFGG fine-tunes w with (Alg. 2 and the
-spec's CG / exact variants, Sec. 3.2).
+"""Split objectives f_m(theta, w) and the local solvers FFGG fine-tunes w with (Alg. 2, the CG
+solver of Sec. 3.1 and the exact minimizer of Theorem 1).
 
 A client's objective is seen through one small interface, so the same FFGG code runs on
 (a) the synthetic quadratic, whose training rows are the factor R_m of
@@ -119,7 +119,8 @@ class QuadraticObjective:
         return self._kww
 
     def random_w(self) -> torch.Tensor:
-        """w^0 ~ N(0, I) (spec 6.5, the authors' code), from the client's own stream."""
+        """w^0 ~ N(0, I), from the client's own stream (Alg. 2, line 1, says "randomly" with no law;
+        N(0, I) is the authors' public code's)."""
         return torch.from_numpy(self.ctx.rng("ffgg.w_init").standard_normal(self.d_w))
 
 
@@ -182,7 +183,7 @@ class NetworkObjective:
 
     def random_w(self) -> torch.Tensor:
         """The module's default initialisation of the personal entries, redrawn from the
-        client's own stream (spec 6.5: "the module's default init")."""
+        client's own stream (Alg. 2, line 1: "initialize randomly", with no law)."""
         from rayfl.models.networks import init_params
 
         model = copy.deepcopy(self.ctx.model)

@@ -1,8 +1,9 @@
-"""FFGG's baselines on its synthetic quadratic (Fig. 1b-d, spec Sec. 3.6): Local GD and
+"""FFGG's baselines on its synthetic quadratic (Fig. 1b-d, Sec. 3.2): Local GD and
 SCAFFOLD (non-personalized: the joint x = (theta, w) is shared) and L2GD (Hanzely & Richtarik
 2020, fully personalized: every client keeps its own x_m). All three train on the same client
 rows as FFGG (`data.dataset: ffgg_quadratic`) and are measured the same way: ||F(theta)|| at
-the theta-part of the (averaged) model, with exact w* (the authors' code, spec 6.13).
+the theta-part of the (averaged) model, with exact w* (the paper does not say how; this is the
+authors' public code's measure).
 
     Local GD:  x_m <- x; tau times x_m <- x_m - eta grad f_m(x_m); x <- mean x_m;  eta = 1/(L_f tau)
     SCAFFOLD:  y <- x; tau times y <- y - eta (grad f_m(y) - c_m + c); c_m+ = grad f_m(x) (option I)
@@ -10,7 +11,8 @@ the theta-part of the (averaged) model, with exact w* (the authors' code, spec 6
                c <- c + mean(c_m+ - c_m);  eta_g = 0.5, eta = 1/(L_f tau)   (full participation)
     L2GD:      xi ~ Bernoulli(p), p = 1/tau: xi = 0: x_m <- x_m - alpha/(M(1-p)) grad f_m(x_m);
                xi = 1: x_m <- x_m - (alpha lam/(M p))(x_m - mean x);  lam = 0.1,
-               alpha = M / (2 max{L_f/(1-p), lam/p}) (spec 6.11: the paper text's formula grows with L)
+               alpha = M / (2 max{L_f/(1-p), lam/p}) (the L2GD theory's largest step; Sec. 3.2's
+               printed (2M)^-1 max{L(1-p)^-1, lam p^-1} grows with L)
 
 L2GD's rounds are its communications: the server draws how many local steps (xi = 0) come
 before the next averaging step from (seed, 'l2gd.xi', round), sends that count and the last
@@ -51,7 +53,7 @@ class QuadraticBaselineConfig(AlgorithmConfig):
         if self.fixed_lr is not None and not self.fixed_lr > 0:
             raise ConfigError("algorithm.fixed_lr", f"must be > 0 or null, got {self.fixed_lr}")
         if self.participation != 1.0:
-            raise ConfigError("algorithm.participation", "the quadratic baselines use every client (spec 6.8): set 1.0")
+            raise ConfigError("algorithm.participation", "the quadratic baselines use every client: set 1.0")
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Local fine-tuning, then personalized evaluation on every client: step 3 of FFGG's Table 1
-pipeline (arXiv 2305.18285, §3.3 / App. E; spec §3.7), and the "FedAvg + fine-tuning"
-baseline (spec §6.24).
+pipeline (arXiv 2305.18285, §3.3 / App. E.3), and the "FedAvg + fine-tuning" baseline (not in
+the paper).
 
 Every client with a test set starts from the run's initial model (`model.init_from`: the
 previous stage's final model), runs `local_epochs` epochs of minibatch SGD on its personal

@@ -1,14 +1,15 @@
 """Per-FedAvg / FedMAML (Fallah, Mokhtari, Ozdaglar, NeurIPS 2020; ComFedL's baseline [8]):
 local SGD on the one-step MAML objective, uniform server average.
 
-Client i, round s, from w = w_s, for t < tau (spec Sec. 3.5):
+Client i, round s, from w = w_s, for t < tau (Per-FedAvg's step; ComFedL Sec. 5.2 gives only its
+learning rates):
 
     S, Q  <- two independent batches of its training data (sizes b, b1; disjoint when it has
-             b + b1 samples, else each drawn from all of it, clipped to its size: spec A4, A7)
+             b + b1 samples, else each drawn from all of it, clipped to its size; ComFedL gives no b, b1)
     w     <- w - beta * grad_w l_Q(w - alpha grad l_S(w))         (`maml.maml_gradient`)
            = w - beta * (I - alpha H_S(w)) grad l_Q(w - alpha grad l_S(w))
 
-and the server sets w_{s+1} = mean_i w_i (uniform, spec Sec. 4.5). One deviation from
+and the server sets w_{s+1} = mean_i w_i (uniform). One deviation from
 Per-FedAvg's Alg. 1, labelled: its Hessian is taken on a third independent batch D''; here it
 is the support batch S's (the exact gradient of the MAML batch objective, what ComFedL-DAMAML
 differentiates too, so the two methods differ only by ComFedL's exp re-weighting).
@@ -40,7 +41,8 @@ class MAMLConfig(AlgorithmConfig):
     `lr` (beta), the inner step `inner_lr` (alpha), support / query batch sizes `batch_size`
     (b) and `outer_batch_size` (b1), second- or first-order, and the personalized evaluation:
     `eval_adapt_steps` SGD steps at `eval_adapt_lr` (null: the method's inner lr) on one batch
-    of b training samples before the validation measurement (spec A14)."""
+    of b training samples before the validation measurement (ComFedL Sec. 5.2: "one step at test
+    time")."""
 
     local_epochs: int | None = None
     # tau, the MAML local steps per round, each on a fresh support and query batch.

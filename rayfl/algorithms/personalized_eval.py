@@ -1,4 +1,5 @@
-"""Personalized evaluation for the MAML comparison (ComFedL Sec. 5.2, Fig. 4; spec A14): every
+"""Personalized evaluation for the MAML comparison (ComFedL Sec. 5.2, Fig. 4; the paper states only
+"one step at test time", the batch and its lr are rayfl's choice): every
 client adapts the global model with one SGD step on a batch of its own training data, then
 measures it on its own validation set; the run logs each client and the unweighted mean and
 worst client.

@@ -1,9 +1,11 @@
 """The clients' learning rate across rounds (constant within a round): a global scheduler.
 
-The FFGG paper's Table 2 (spec partial-personalization, "Scheduler semantics"): "Linear" warms
-the client LR up linearly over the first 10% of rounds, then decays it linearly towards 0;
-"Exponential" (PyTorch's StepLR) halves it every fixed number of rounds (500 for EMNIST, spec
-6.18). The schedule scales the client LR only; the server LR stays constant (spec 6.17)."""
+The FFGG paper's Table 2 and App. E.4 ("a global scheduler that applies a schedule to the client
+learning rates across multiple rounds"): "Linear" warms the client LR up linearly over the first
+10% of rounds, then decays it linearly towards 0; "Exponential" (PyTorch's StepLR) halves it
+every fixed number of rounds (EMNIST's "LR decay rounds" cell is missing from the paper's text;
+500 is Pillutla et al.'s scripts' value). The schedule scales the client LR only, as App. E.4
+says; the server LR stays constant."""
 
 from __future__ import annotations
 

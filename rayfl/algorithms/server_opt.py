@@ -5,8 +5,7 @@ pseudo-gradient g = -mean(delta) for any optimizer on the server. `sgd` with ser
 FedAvg's plain average; `momentum` is FedAvgM (Hsu et al., "Measuring the Effects of
 Non-Identical Data Distribution for Federated Visual Classification", 2019); `yogi` is FedYogi
 (Reddi et al., Alg. 2: no bias correction, v starting at tau^2); `adam` is FedAdam, used by the FFGG paper's Table 2 for StackOverflow
-and GLDv2 with unreported constants, for which the spec (partial-personalization 6.16) takes
-torch's Adam: beta1 0.9, beta2 0.999, eps 1e-8, bias-corrected moments. The moments live in the
+and GLDv2 with unreported constants, for which rayfl takes torch's Adam: beta1 0.9, beta2 0.999, eps 1e-8, bias-corrected moments. The moments live in the
 algorithm's tracked server state, so checkpoints carry them."""
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 the task-robust min-max  min_w max_{p in simplex} sum_i p_i l_i(w - alpha grad l_i(w))
 (ComFedL eq. 8), each client a task, the weights p kept on the server.
 
-The paper does not say how TR-MAML was federated; spec Sec. 3.5 / A19 recommends a DRFA-style
-loop over Per-FedAvg local steps. Round s:
+The paper does not say how TR-MAML was federated; rayfl uses a DRFA-style loop over Per-FedAvg
+local steps (the DRFL baseline's loop, with the client-weight lr 0.08 of Sec. 5.2). Round s:
 
     1. sample clients C_s (m of n; ComFedL runs full participation, m = n);
     2. each runs tau MAML steps from w_s (`per_fedavg.maml_client`) and returns its delta and

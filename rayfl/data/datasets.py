@@ -64,9 +64,10 @@ class OfficialConfig(DataConfig):
     """An image dataset with an official train / test split (MNIST, Fashion-MNIST, CIFAR-10),
     read from `data_dir/<dataset>/` (downloaded there when `download` and the network allow).
     `source: test_only` reads only the official test files (e.g. MNIST's 10,000 test images,
-    data_dir/mnist/t10k-*) and splits them like a pool; `split: pooled` pools train and test and
-    re-splits with `test_fraction` (ZO-HFL's 90/10), `official` keeps the dataset's own test set.
-    `max_samples` caps train + test (keeping their ratio with an official split)."""
+    `t10k-images-idx3-ubyte.gz` and `t10k-labels-idx1-ubyte.gz`) and splits them like a pool;
+    `split: pooled` pools train and test and re-splits with `test_fraction` (ZO-HFL's 90/10),
+    `official` keeps the dataset's own test set. `max_samples` caps train + test (keeping their
+    ratio with an official split)."""
 
     # Which official files are read: full (train and test) or test_only (only the test files, split
     # like a pool: e.g. MNIST's 10,000 test images offline).

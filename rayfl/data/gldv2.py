@@ -2,7 +2,7 @@
 
 Files under `<data_dir>/gldv2/`: the federated split `federated_train.csv` (columns user_id,
 image_id, class; TFF's `landmarks-user-160k`) and the images in GLDv2's own layout
-`train/<id[0]>/<id[1]>/<id[2]>/<id>.jpg`. FFGG (spec §4.3) does not use the official test set:
+`train/<id[0]>/<id[1]>/<id[2]>/<id>.jpg`. FFGG (App. E.2.2) does not use the official test set:
 each kept user's images are split, `test_fraction` (0.5) of them into its test set, and a user
 is kept when both halves are big enough (`min_client_train` = `min_client_test` = 25 keeps the
 823 users with at least 50 images). Labels are renumbered 0..K-1 over the kept users.

@@ -2,7 +2,7 @@
 clients (EMNIST writers, GLDv2 photographers, StackOverflow users), each with its own train and
 test samples, so `partition.method` and `partition.num_clients` play no part.
 
-Client selection (FFGG's App. E, spec §4.3): keep users with at least `data.min_client_train`
+Client selection (FFGG's App. E.2.1-E.2.3): keep users with at least `data.min_client_train`
 training and `data.min_client_test` test samples; then, with `data.max_clients`, a seeded
 subsample of that many (sorted by id, so a given seed always picks the same users); each keeps
 at most `data.max_client_train` training samples (its first ones, as TFF orders them).

@@ -15,7 +15,7 @@ vocabulary is the `vocab_size` most frequent words; ids are 0 = padding, 1..V th
 out-of-vocabulary, V+2 = beginning, V+3 = end of sentence. A sentence becomes
 [BOS] + words + [EOS], cut to seq_len + 1 ids and padded; the input is its first seq_len ids,
 the target the last seq_len, with padding targets set to -100 (ignored by cross-entropy).
-FFGG's metric (spec §4.3) ignores OOV, BOS and EOS targets too: `lm_excluded_targets`."""
+FFGG's metric (App. E.2.1) ignores OOV, BOS and EOS targets too: `lm_excluded_targets`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Adapters: parameters added to a network so that a client can personalize a small part of it
-(FFGG, arXiv 2305.18285, Table 1 "Adapter"; spec §6.21).
+(FFGG, arXiv 2305.18285, Table 1 "Adapter"). The paper says only "a personalized low-rank
+adapter" (Sec. 3.3), with no rank, placement or initialisation.
 
 Two kinds, both starting as the identity edit (the adapted network computes exactly what the
 base network computes until the adapter is trained), so adapters can be inserted after

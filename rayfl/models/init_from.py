@@ -1,5 +1,5 @@
 """Starting a run from another run's parameters (`model.init_from`): FFGG's pipeline chains
-non-personalized training, personalized training and fine-tuning this way (spec §5.9).
+non-personalized training, personalized training and fine-tuning this way (FFGG, App. E.3).
 
 The source is a `.npy` flat vector of exactly the target model's length, or a run directory:
 its manifest names the model it trained and its `checkpoint.pkl` holds the server's state after

@@ -5,12 +5,13 @@ The split is a boolean mask over the flat vector of `rayfl.models.params`, so al
 working on flat vectors: theta = flat[~mask], w = flat[mask]. Schemes follow FFGG's
 experiments (arXiv 2305.18285, Table 1): `input` (the first parameterised layer), `output` (the
 last one), `adapter` (exactly the parameters adapters added: rayfl.models.adapters, residual or
-LoRA), `adapter_norm` (adapters plus every normalisation layer: Pillutla et al.'s split, spec
-§4.3), `all` (full fine-tuning), or `patterns` (parameter names matching any glob).
+LoRA), `adapter_norm` (adapters plus every normalisation layer: the split of Pillutla et al.'s
+code, on which FFGG's App. E.1 says its experiments are built), `all` (full fine-tuning), or `patterns` (parameter names matching any glob).
 
 A network may say what its input and output layers are with a `personal_groups` attribute
 ({"input": name prefixes, "output": name prefixes}): ResNet-18's input layer is its stem conv and
-its GroupNorm, the transformer's the first block (spec §4.3, §6.22); other networks use the first
+its GroupNorm (FFGG's App. E.2 says only "input layer" and "prediction layer"), the
+transformer's the first block (App. E.2: "the initial transformer layer"); other networks use the first
 and last parameterised module."""
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ class BasicBlock(nn.Module):
 class ResNet18GN(nn.Module):
     """ResNet-18 (He et al. 2016) with GroupNorm; see the module docstring."""
 
-    # The stem and the classifier: FFGG's input and output layers (spec §6.22).
+    # The stem and the classifier: FFGG's input and prediction layers (App. E.2 names no parameters).
     personal_groups = {"input": ("conv1.", "norm1."), "output": ("fc.",)}
 
     def __init__(

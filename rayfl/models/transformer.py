@@ -10,7 +10,7 @@ wrap each of them; no buffers (the causal mask and positions are built per call)
 Blocks are pre-LayerNorm: x + attn(LN(x)) [+ adapter], then x + FFN(LN(x)) [+ adapter].
 `adapter: residual` adds Pillutla et al.'s bottleneck adapters (d -> rank -> d) after the
 attention and the FFN of every block; `lora` wraps the q, k, v, output and FFN matrices of every
-block. FFGG's input / output schemes for this model are the first / last block (spec §4.3)."""
+block. FFGG's input / output schemes for this model are the first / last block (App. E.2)."""
 
 from __future__ import annotations
 

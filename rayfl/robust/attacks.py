@@ -40,14 +40,15 @@ Labels = TypeVar("Labels")
 
 def sign_flip(own: ArrayLike, scale: float = 1.0) -> np.ndarray:
     """-s * x for each row x: the gradient flip of the FFGG authors' Byzantine run (s = 1; the
-    literature's "bit flip" BF, Karimireddy et al. 2021) and its scaled variant (spec Sec. 5.7)."""
+    literature's "bit flip" BF, Karimireddy et al. 2021) and its scaled variant. The FFGG paper names
+    no attack: its Alg. 5, line 7, lets Byzantine clients "send anything"."""
     return -float(scale) * np.asarray(own, dtype=np.float64)
 
 
 def random_sign(own: ArrayLike, rng: np.random.Generator, prob: float = 0.5) -> np.ndarray:
     """Random sign noise: each coordinate's sign flipped independently with probability p.
 
-    The FFGG spec lists no bit-flip definition beyond sign flip; this keeps every magnitude and
+    The FFGG paper defines no attack (Alg. 5, line 7); this keeps every magnitude and
     randomizes directions (p = 1/2: the sign bits become coin flips; p = 1: `sign_flip`)."""
     x = np.asarray(own, dtype=np.float64)
     return np.where(rng.random(x.shape) < prob, -x, x)
@@ -55,12 +56,13 @@ def random_sign(own: ArrayLike, rng: np.random.Generator, prob: float = 0.5) -> 
 
 def gaussian(count: int, dim: int, rng: np.random.Generator, sigma: float) -> np.ndarray:
     """count vectors of i.i.d. N(0, sigma^2) coordinates, sent instead of an update (the
-    "random Gaussian" attack of spec Sec. 5.7)."""
+    "random Gaussian" attack of the Byzantine-robustness literature)."""
     return float(sigma) * rng.standard_normal((count, dim))
 
 
 def constant(count: int, dim: int, value: float) -> np.ndarray:
-    """The "arbitrary constant" attack of spec Sec. 5.7: every coordinate equals `value`."""
+    """The "arbitrary constant" attack: every coordinate equals `value` (a vector that ignores
+    the honest ones, which FFGG's Alg. 5, line 7, allows: "send anything")."""
     return np.full((count, dim), float(value))
 
 
@@ -191,7 +193,7 @@ class AttackConfig:
 
 
 def byzantine_count(num_clients: int, cfg: AttackConfig, key: str = ATTACK_KEY) -> int:
-    """B: `count`, or floor(fraction * M) as in the spec's B = floor(delta M); 2B < M required."""
+    """B: `count`, or floor(fraction * M), the largest B <= delta M (FFGG, App. D); 2B < M required."""
     if cfg.name == "none":
         return 0
     b = cfg.count if cfg.count is not None else math.floor(cfg.fraction * num_clients)
@@ -221,7 +223,8 @@ def craft(
     `honest` is the [G, d] stack of honest uploads (the omniscient view). `own` is the [B, d]
     stack of what the Byzantine clients would have sent honestly; without it (attackers added
     on top of M clients, as in the FFGG authors' run) give `count`, and sign-based attacks start
-    from the vector of an honest client drawn per attacker (spec Sec. 6, item 28). `none` and
+    from the vector of an honest client drawn per attacker (the FFGG paper runs no Byzantine
+    experiment; the authors' public Byzantine notebook does this). `none` and
     `label_flip` send `own` as is (a label-flipper's update comes from its flipped data).
 
     `rows` (G row indices): the honest uploads are honest[rows], read in place rather than

@@ -4,7 +4,8 @@ pipeline's robust path (rayfl.pipeline.server), which then aggregates with `aggr
 `ByzantineServer` fixes the Byzantine clients once per run (B of the M clients, drawn from the
 run seed, so a resumed run and any host layout agree), tags them in the `clients` table (column
 `byzantine`) and lets them send what the attack crafts: they are omniscient, seeing the round's
-honest vectors (spec App. D). A data attack (label_flip) is applied on the hosts instead
+honest vectors (FFGG, App. D: Byzantines "know the updates of other clients and
+aggregation rule applied by the server"). A data attack (label_flip) is applied on the hosts instead
 (rayfl.pipeline.uploads): its clients' uploads are their own."""
 
 from __future__ import annotations

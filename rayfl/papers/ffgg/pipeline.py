@@ -1,14 +1,15 @@
-"""FFGG's Table 1 pipeline (arXiv 2305.18285, §3.3 + App. E; spec §3.7, §4.3): (1)
+"""FFGG's Table 1 pipeline (arXiv 2305.18285, §3.3 + App. E.3): (1)
 non-personalized training with FedAvg, (2) personalized training with Local FFGG (Alg. 4) for
 each personalization scheme (input layer, output layer, adapter), (3) local fine-tuning of the
 personal parameters on every client, then test accuracy weighted by test size.
 
 Each stage is an ordinary rayfl run from a job file `jobs/ffgg/table1_<dataset>_<stage>.yaml`
 (stages fedavg, ffgg, finetune); a stage starts from the previous one's final model through
-`model.init_from` (its run directory). Baselines (spec §6.24): step 1's model fine-tuned with
+`model.init_from` (its run directory). Baselines (the paper does not say what its FedAvg row
+is; rayfl's `FedAvg` is step 1's model as it is, plus two controls): step 1's model fine-tuned with
 nothing personal (`FedAvg`), with everything personal (`FedAvg + FT (all)`), and with the
-scheme's own w (`FedAvg + FT (<scheme>)`). Step 1 runs once (seed 0, spec §6.26: one shared
-pretraining checkpoint); steps 2-3 once per seed (run.seed: client sampling, w init, batches),
+scheme's own w (`FedAvg + FT (<scheme>)`). Step 1 runs once (seed 0: the paper does not say which
+stages its three seeds repeat, and one shared pretraining checkpoint keeps them comparable); steps 2-3 once per seed (run.seed: client sampling, w init, batches),
 all on one data split (data.seed = 0), so no seed trains on another seed's test split.
 
 Run ids inside `<output.dir>/ffgg_table1_<dataset>/`: pretrain, fedavg_ft_<scheme>_s<seed>,
@@ -54,7 +55,8 @@ class Plan:
 
 
 def adapter_kind(model_name: str) -> str:
-    """Pillutla et al.'s residual adapters where the model builds them, LoRA elsewhere (spec §6.21)."""
+    """Pillutla et al.'s residual adapters where the model builds them, LoRA elsewhere (FFGG §3.3
+    says only "low-rank adapter")."""
     from rayfl.registry import MODELS
 
     return "residual" if MODELS.config_class(model_name).builds_adapters else "lora"

@@ -1,10 +1,10 @@
-"""FFGG's synthetic quadratic (Example 1, Sec. 3.1-3.2; spec Sec. 4.1 and 6.9):
+"""FFGG's synthetic quadratic (Example 1, Sec. 3.1-3.2):
 
     f_m(theta, w) = 1/2 ||H_m theta - b_m||^2 + 1/2 ||A_m theta + B_m w - y_m||^2
 
 with H_m, A_m in R^{n x d_theta}, B_m in R^{n x d_w} drawn uniform on [0, 1] and divided by
-their second dimension (the paper), and the *planted* right-hand sides of spec Sec. 6.9 (the
-authors' Byzantine notebook): theta_true ~ N(0, I), b_m = H_m theta_true, y_m = A_m theta_true
+their second dimension (Sec. 3.1), and *planted* right-hand sides (the paper does not say how
+b_m and y_m are drawn; these are the authors' public Byzantine notebook's): theta_true ~ N(0, I), b_m = H_m theta_true, y_m = A_m theta_true
 + B_m v_m, v_m ~ N(0, I), so Assumption 2 holds (every client reaches loss 0 at theta_true).
 
 Why a square factor: with z = (theta, w, 1) the loss is 1/2 ||D_m z||^2 for the stacked
@@ -168,7 +168,7 @@ class QuadraticOracle:
 
     @cached_property
     def L(self) -> float:
-        """max_m lambda_max(Q_m): the tight cocoercivity constant of every F_m (spec 4.1)."""
+        """max_m lambda_max(Q_m): the smallest L with every F_m (1/L)-cocoercive (Assumption 1, eq. (4))."""
         return max(float(np.linalg.eigvalsh(q)[-1]) for q, _ in self.operators)
 
     @cached_property
