@@ -34,6 +34,7 @@ class Run:
 
     @functools.cached_property
     def results(self) -> Results:
+        """Every table of the run, read from its directory on first use and kept."""
         from rayfl.results import load as load_results
 
         return load_results(self.dir)
@@ -76,14 +77,23 @@ def run(
     progress: bool = False,
     callbacks: Sequence[Callback] = (),
 ) -> Run:
-    """Run one experiment to completion and return it.
+    """Run one experiment to completion and return it: `rayfl run` from Python.
 
-    `job` is a job file, a mapping of sections (as a YAML job reads), a `Config`, or None for
-    the default job; `overrides` are `section.key=value` strings as `rayfl run --set` takes.
-    `dataset` replaces the config's data (it is stored with the run, so `resume` works);
-    `address` joins a running Ray (else RAY_ADDRESS, else a local Ray started and stopped
-    here, unless this process is already connected to one). `progress` draws a progress bar.
-    `callbacks` (rayfl.Callback objects) run after the job's own `callbacks:` list."""
+    Args:
+        job: a job file, a mapping of sections (as a YAML job reads), a `Config`, or None for
+            the default job.
+        overrides: `section.key=value` strings, as `rayfl run --set` takes.
+        dataset: replaces the config's data (it is stored with the run, so `resume` works).
+        address: a running Ray to join (else RAY_ADDRESS, else a local Ray started and stopped
+            here, unless this process is already connected to one).
+        progress: draw a progress bar.
+        callbacks: `rayfl.Callback` objects, run after the job's own `callbacks:` list.
+
+    Returns:
+        The finished run: its directory, config, summary, tables and final model.
+
+    Raises:
+        ConfigError: a mistake in the job, before Ray starts."""
     from rayfl.runner import build_dataset, run_experiment
 
     cfg = _config(job, [*overrides, *([f"engine.address={address}"] if address else [])])
@@ -95,8 +105,16 @@ def run(
 
 
 def resume(run_dir: str | Path, *, progress: bool = False, callbacks: Sequence[Callback] = ()) -> Run:
-    """Continue a stopped or killed run from its last checkpoint (see `rayfl resume`); give
-    again the `callbacks` objects the run was started with (their state is in the checkpoint)."""
+    """Continue a stopped or killed run from its last checkpoint (see `rayfl resume`).
+
+    Args:
+        run_dir: the run's directory (`results/EXPERIMENT/RUN_ID`).
+        progress: draw a progress bar.
+        callbacks: the `rayfl.Callback` objects the run was started with, given again (their
+            state is in the checkpoint).
+
+    Returns:
+        The finished run, as `rayfl.run` returns it."""
     from rayfl.runner import resume_experiment, resume_target
 
     out = _with_progress(resume_target(run_dir), progress,

@@ -53,6 +53,7 @@ class RunConfig:
     run_id: str | None = None
 
     def validate(self) -> None:
+        """Raise ConfigError naming the first key out of range: load_config calls it before anything runs."""
         _positive("run.rounds", self.rounds)
         _positive("run.eval_every", self.eval_every)
         _non_negative("run.seed", self.seed)
@@ -96,6 +97,7 @@ class DataConfig:
     seed: int | None = None
 
     def validate(self) -> None:
+        """Raise ConfigError naming the first key out of range: load_config calls it before anything runs."""
         if self.seed is not None:
             _non_negative("data.seed", self.seed)
         _fraction("data.test_fraction", self.test_fraction, open_right=True)
@@ -160,6 +162,7 @@ class GenericDataConfig(DataConfig):
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
+        """Raise ConfigError naming the first key out of range: load_config calls it before anything runs."""
         super().validate()
         _check_entry_kwargs("data", self.dataset, 2, self.kwargs)
 
@@ -189,6 +192,7 @@ class PartitionConfig:
     keeps_dataset_clients: ClassVar[bool] = False
 
     def validate(self) -> None:
+        """Raise ConfigError naming the first key out of range: load_config calls it before anything runs."""
         if self.client_test_size is not None:
             _positive("partition.client_test_size", self.client_test_size)
         if self.num_clients is None and not self.keeps_dataset_clients:
@@ -207,6 +211,7 @@ class GenericPartitionConfig(PartitionConfig):
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
+        """Raise ConfigError naming the first key out of range: load_config calls it before anything runs."""
         super().validate()
         _check_entry_kwargs("partition", self.method, 4, self.kwargs)
 
@@ -239,6 +244,7 @@ class ModelConfig:
     builds_adapters: ClassVar[bool] = False
 
     def validate(self) -> None:
+        """Raise ConfigError naming the first key out of range: load_config calls it before anything runs."""
         _positive("model.adapter_rank", self.adapter_rank)
         if self.adapter == "residual" and not self.builds_adapters:
             raise ConfigError("model.adapter", f"residual adapters exist for models that build them (resnet18, transformer), not {self.name!r}")
@@ -265,6 +271,7 @@ class GenericModelConfig(ModelConfig):
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
+        """Raise ConfigError naming the first key out of range: load_config calls it before anything runs."""
         super().validate()
         _check_entry_kwargs("model", self.name, 2, self.kwargs)
 
@@ -310,6 +317,7 @@ class AlgorithmConfig:
             self.clients_per_round = DEFAULT_CLIENTS_PER_ROUND
 
     def validate(self) -> None:
+        """Raise ConfigError naming the first key out of range: load_config calls it before anything runs."""
         if self.clients_per_round is not None and self.participation is not None:
             raise ConfigError(
                 "algorithm.participation",
@@ -342,6 +350,7 @@ class CallbackConfig:
     name: str = ""
 
     def validate(self) -> None:
+        """Raise ConfigError naming the first key out of range: load_config calls it before anything runs."""
         if not isinstance(self.name, str) or not self.name:
             raise ConfigError("callbacks.name", "must name a callback (a registered name or 'package.module:attr')")
 
@@ -426,6 +435,7 @@ class EngineConfig:
     pool: Literal["auto", "off"] = "auto"
 
     def validate(self) -> None:
+        """Raise ConfigError naming the first key out of range: load_config calls it before anything runs."""
         _choice("engine.vectorize", self.vectorize, ("auto", "on", "off"))
         _choice("engine.channels_last", self.channels_last, ("auto", "on", "off"))
         _choice("engine.pool", self.pool, ("auto", "off"))
@@ -583,6 +593,7 @@ class SystemConfig:
     over_selection: float = 0.3
 
     def validate(self) -> None:
+        """Raise ConfigError naming the first key out of range: load_config calls it before anything runs."""
         for name in ("speed", "up_bandwidth", "down_bandwidth"):
             getattr(self, name).validate_as(f"system.{name}")
         if not (self.latency.dist == "constant" and self.latency.value == 0):  # zero latency is allowed
@@ -651,6 +662,7 @@ class OutputConfig:
     checkpoint_every: int = 10
 
     def validate(self) -> None:
+        """Raise ConfigError naming the first key out of range: load_config calls it before anything runs."""
         _positive("output.flush_rows", self.flush_rows)
         _positive_float("output.flush_seconds", self.flush_seconds)
         if self.flush_every_rounds is not None:
@@ -676,6 +688,9 @@ from rayfl.pipeline.sections import (  # noqa: E402
 
 @dataclass
 class Config:
+    """A whole job: one field per section of the YAML file, each a typed dataclass. Build it with
+    `load_config` (a file, defaults and `section.key=value` overrides, validated), not by hand."""
+
     run: RunConfig = field(default_factory=RunConfig)
     data: DataConfig = field(default_factory=DataConfig)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
@@ -692,6 +707,8 @@ class Config:
     callbacks: list[CallbackConfig] = field(default_factory=list)
 
     def validate(self) -> None:
+        """Validate every section, then what spans sections (the round pipeline and driver the algorithm
+        accepts, clients_per_round within partition.num_clients, a system trace's contents)."""
         for f in dataclasses.fields(self):
             if f.name == "callbacks":
                 for i, cb in enumerate(self.callbacks):
@@ -735,6 +752,7 @@ class Config:
         return self.data.planned_clients(self.partition)
 
     def to_dict(self) -> dict[str, Any]:
+        """The job as nested plain dicts and lists, as a YAML job writes it (what a run's manifest stores)."""
         return dataclasses.asdict(self)
 
 
@@ -769,8 +787,18 @@ def section_config(section: str, **values: Any) -> Any:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Read a YAML job (or the defaults when `path` is None), apply `section.key=value`
-    overrides, and validate. Raises ConfigError before anything expensive happens."""
+    """Read a YAML job, apply overrides and validate it, so a mistake is found before
+    anything expensive happens.
+
+    Args:
+        path: the YAML job file; None: the defaults.
+        overrides: `section.key=value` strings (values in YAML syntax), as `--set` takes.
+
+    Returns:
+        The validated job.
+
+    Raises:
+        ConfigError: the first key that is unknown or out of range, by its dotted name."""
     from rayfl.registry import searching
 
     raw = read_job_file(path) if path is not None else {}

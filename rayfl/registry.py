@@ -471,34 +471,80 @@ BY_SECTION: dict[str, Registry] = {r.key.split(".")[0]: r for r in (ALGORITHMS, 
 
 
 def register_algorithm(name: str, run: Any = None, *, config: Any = None, summary: str = "") -> Any:
-    """Register a server loop `run(fed, cfg, run_cfg) -> dict` with its config dataclass (a
-    subclass of `rayfl.AlgorithmConfig`) under `name`; a decorator without `run`."""
+    """Make an algorithm available to jobs as `algorithm.name: NAME`; a decorator without `run`.
+
+    Args:
+        name: the name a job gives (no `:`).
+        run: a subclass of `rayfl.Algorithm` (its `config` is its config class), or a server
+            loop `run(fed, cfg, run_cfg) -> dict`.
+        config: the config dataclass, a subclass of `rayfl.AlgorithmConfig` (an `Algorithm`
+            subclass's `config` when omitted).
+        summary: the line `rayfl list` shows (default: the docstring's first line).
+
+    Returns:
+        `run`, unchanged (the decorator too returns what it decorates)."""
     return ALGORITHMS.register(name, run, config=config, summary=summary)
 
 
 def register_model(name: str, factory: Any = None, *, config: Any = None, summary: str = "") -> Any:
-    """Register a model factory `(input_shape, num_classes, **kwargs) -> nn.Module` under
-    `name`; its keyword arguments are its config dataclass's own fields (a subclass of
-    `rayfl.ModelConfig`), or the job's `model.kwargs` without one. A decorator without `factory`."""
+    """Make a network available to jobs as `model.name: NAME`; a decorator without `factory`.
+
+    Args:
+        name: the name a job gives (no `:`).
+        factory: `(input_shape, num_classes, **kwargs) -> torch.nn.Module`, a network whose
+            state is all in its parameters (no buffers).
+        config: its config dataclass, a subclass of `rayfl.ModelConfig` whose own fields are
+            the factory's keyword arguments; without one the job's `model.kwargs` are.
+        summary: the line `rayfl list` shows (default: the docstring's first line).
+
+    Returns:
+        `factory`, unchanged."""
     return MODELS.register(name, factory, config=config, summary=summary)
 
 
 def register_dataset(name: str, load: Any = None, *, config: Any = None, summary: str = "") -> Any:
-    """Register a dataset loader `(cfg, seed, **kwargs)` returning an `ArrayDataset` (rayfl
-    splits off the test set), a `(train, test)` pair of them, or a `FederatedDataset` (its own
-    clients). A decorator without `load`."""
+    """Make a dataset available to jobs as `data.dataset: NAME`; a decorator without `load`.
+
+    Args:
+        name: the name a job gives (no `:`).
+        load: `(cfg, seed, **kwargs)` returning an `ArrayDataset` (rayfl splits off the test
+            set), a `(train, test)` pair of them, or a `FederatedDataset` (its own clients).
+        config: its config dataclass, a subclass of `rayfl.DataConfig`.
+        summary: the line `rayfl list` shows (default: the docstring's first line).
+
+    Returns:
+        `load`, unchanged."""
     return DATASETS.register(name, load, config=config, summary=summary)
 
 
 def register_partitioner(name: str, split: Any = None, *, config: Any = None, summary: str = "") -> Any:
-    """Register a partitioner `(labels, num_clients, cfg, rng, **kwargs) -> list of index
-    arrays` (one per client, disjoint) under `name`. A decorator without `split`."""
+    """Make a partitioner available to jobs as `partition.method: NAME`; a decorator without
+    `split`.
+
+    Args:
+        name: the name a job gives (no `:`).
+        split: `(labels, num_clients, cfg, rng, **kwargs) -> list of index arrays`, one per
+            client, disjoint, its randomness drawn from `rng` only.
+        config: its config dataclass, a subclass of `rayfl.PartitionConfig`.
+        summary: the line `rayfl list` shows (default: the docstring's first line).
+
+    Returns:
+        `split`, unchanged."""
     return PARTITIONERS.register(name, split, config=config, summary=summary)
 
 
 def register_callback(name: str, factory: Any = None, *, config: Any = None, summary: str = "") -> Any:
-    """Register a callback factory `(cfg) -> rayfl.Callback` under `name`, with its config
-    dataclass (a subclass of `rayfl.CallbackConfig`; without one the factory gets the job's
-    `kwargs` as keyword arguments). A decorator without `factory`; a Callback subclass whose
-    constructor takes the config works as a factory too."""
+    """Make a callback available to jobs as a `callbacks:` item `name: NAME`; a decorator
+    without `factory`.
+
+    Args:
+        name: the name a job gives (no `:`).
+        factory: `(cfg) -> rayfl.Callback`; a Callback subclass whose constructor takes the
+            config works too.
+        config: its config dataclass, a subclass of `rayfl.CallbackConfig`; without one the
+            factory gets the item's `kwargs` as keyword arguments.
+        summary: the line `rayfl list` shows (default: the docstring's first line).
+
+    Returns:
+        `factory`, unchanged."""
     return CALLBACKS.register(name, factory, config=config, summary=summary)

@@ -1,6 +1,6 @@
-"""The documentation site builds: `mkdocs build --strict` (broken links and anchors, pages left
-out of the navigation and API docstrings mkdocstrings cannot render all fail it), its navigation
-has the parts a reader looks for, the generated references equal what is committed, and the
+"""The documentation site builds: `mkdocs build --strict` (broken links and anchors and pages left
+out of the navigation fail it), its navigation has the parts a reader looks for, the generated
+CLI reference equals what is committed (the API reference: tests/test_api_reference.py), and the
 getting-started tour runs as written."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +15,6 @@ from pathlib import Path
 import pytest
 import yaml
 from guide_blocks import run_page
-
-import rayfl
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -58,7 +55,8 @@ def test_the_navigation_has_its_parts() -> None:
     assert set(guides) <= set(pages(sections["Guides"]))
     replications = sorted(p.relative_to(DOCS).as_posix() for p in (DOCS / "replications").glob("*.md"))
     assert sorted(pages(sections["Replications"])) == replications
-    assert {"reference/api.md", "reference/config.md", "reference/cli.md"} <= set(pages(sections["Reference"]))
+    assert {"reference/api.md", "reference/client-contract.md", "reference/config.md",
+            "reference/cli.md"} <= set(pages(sections["Reference"]))
     assert "architecture.md" in pages(sections["Explanation"])
 
 
@@ -68,18 +66,6 @@ def test_the_cli_reference_is_generated_from_the_parser() -> None:
     spec.loader.exec_module(gen)
     committed = (DOCS / "reference" / "cli.md").read_text()
     assert gen.render() == committed, "docs/reference/cli.md is out of date: python scripts/gen_cli_reference.py"
-
-
-def test_the_api_reference_renders_every_public_name() -> None:
-    rendered = re.findall(r"^::: ([\w.]+)$", (DOCS / "reference" / "api.md").read_text(), flags=re.M)
-    found = {}
-    for path in rendered:
-        module, _, attr = path.rpartition(".")
-        found[attr] = getattr(importlib.import_module(module), attr)
-    public = [name for name in rayfl.__all__ if name != "__version__"]
-    assert sorted(found) == sorted(public)
-    for name in public:
-        assert found[name] is getattr(rayfl, name), name
 
 
 @pytest.mark.slow

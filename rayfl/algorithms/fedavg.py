@@ -73,6 +73,7 @@ class FedAvgConfig(AlgorithmConfig):
     round_lr: RoundLRConfig = field(default_factory=RoundLRConfig)
 
     def validate(self) -> None:
+        """Raise ConfigError naming the first key out of range: load_config calls it before anything runs."""
         check_budget_fields(self, self.local_schedule, "algorithm.local_schedule")
         self.server_optimizer.validate_as("algorithm.server_optimizer")
         self.round_lr.validate_as("algorithm.round_lr")
@@ -93,6 +94,7 @@ class FedProxConfig(FedAvgConfig):
     mu: float = 0.01
 
     def validate(self) -> None:
+        """Raise ConfigError naming the first key out of range: load_config calls it before anything runs."""
         super().validate()
         if self.mu < 0:
             raise ConfigError("algorithm.mu", f"must be >= 0, got {self.mu}")
@@ -111,6 +113,7 @@ class ScaffoldConfig(FedAvgConfig):
     weighting: Literal["samples", "uniform"] = "uniform"
 
     def validate(self) -> None:
+        """Raise ConfigError naming the first key out of range: load_config calls it before anything runs."""
         super().validate()
         if self.server_optimizer.name != "sgd":
             raise ConfigError("algorithm.server_optimizer.name", "SCAFFOLD's server step is SGD (Alg. 1); use sgd")
@@ -139,7 +142,19 @@ def fedavg_client(
     weight_decay: float = 0.0,
     prox_mu: float = 0.0,
 ) -> dict[str, Any]:
-    """Local SGD (with FedProx's proximal term when prox_mu > 0); uploads the model delta."""
+    """FedAvg's client: local SGD from the global model (with FedProx's proximal term when
+    prox_mu > 0), answering with the model delta, which the server averages.
+
+    Args:
+        ctx: the client's context.
+        params: the global model, a flat float32 vector (read, never written).
+        lr: this round's step size.
+        schedule: the local epochs or steps and the batch size.
+        weight_decay: `algorithm.weight_decay`.
+        prox_mu: FedProx's mu (0: FedAvg).
+
+    Returns:
+        `{"delta": y - x, "loss": mean minibatch loss}`."""
     x = broadcast_tensor(params, ctx.device)  # read, never written
     y, loss = local_sgd(ctx, x, lr, schedule, weight_decay=weight_decay, prox_mu=prox_mu, prox_center=x)
     return {"delta": y - x, "loss": loss}
@@ -236,14 +251,18 @@ class FedAvg(Algorithm[ModelState]):
     uploads = ("delta",)
 
     def setup(self) -> None:
+        """The server-as-client (`server_as_client`), when the job asks for one."""
         self.server_client = ServerClient(self.fed) if getattr(self.cfg, "server_as_client", False) else None
 
     def init(self) -> ModelState:
+        """The model's initial parameters, no server-optimizer moments yet."""
         return ModelState(x=self.fed.initial_params())
 
     prox_mu: float | None = 0.0  # FedProx's mu; None: the client function takes none
 
     def payload(self, state: ModelState, rnd: Round) -> dict[str, Any]:
+        """The global model, this round's lr (`round_lr`), weight decay, the local schedule
+        (unless it differs by client) and FedProx's mu: `fedavg_client`'s arguments."""
         cfg = self.cfg
         common, _ = local_plan(self.fed, cfg, [], rnd.index)
         lr = round_lr(cfg.round_lr, cfg.lr, rnd.index, rnd.total)
@@ -253,9 +272,11 @@ class FedAvg(Algorithm[ModelState]):
         return out
 
     def per_client(self, state: ModelState, rnd: Round, ids: list[int]) -> dict[int, dict[str, Any]] | None:
+        """Each client's own `schedule` under `local_schedule` (H_{i,r} steps), else None."""
         return local_plan(self.fed, self.cfg, ids, rnd.index)[1]
 
     def weighting_of(self, key: str) -> str:
+        """The job's `algorithm.weighting` (samples or uniform)."""
         return self.cfg.weighting
 
     def server_update(self, state: ModelState, uploads: Uploads, rnd: Round) -> ModelState:

@@ -65,12 +65,27 @@ def local_sgd(
     prox_center: torch.Tensor | None = None,
     correction: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, float]:
-    """Plain minibatch SGD from `start`; returns (final vector, mean minibatch loss).
+    """Plain minibatch SGD from `start` on the client's data: the local training of FedAvg,
+    FedProx, SCAFFOLD and FedDyn, with the clock and the batching done for the caller.
 
     Each step's direction is grad CE + weight_decay * w + prox_mu * (w - prox_center) +
-    correction, and each step is charged to the client's work meter. Where the host runs its
-    clients in lockstep (rayfl.engine.lockstep), the call waits for the other clients' and all
-    run as one batched computation, to float32 rounding the same."""
+    correction, and each step is charged to the client's work meter (`ctx.work`), so the
+    simulated clock sees it and a deadline with partial work can stop it early. Where the
+    host runs its clients in lockstep (rayfl.engine.lockstep), the call waits for the other
+    clients' and all run as one batched computation, to float32 rounding the same.
+
+    Args:
+        ctx: the client's context (its model, minibatches and work meter).
+        start: the flat float32 parameter vector to start from (never written).
+        lr: the step size (or its numerator under `schedule.lr_offset`).
+        schedule: how many minibatches of which size (`epochs` or `steps`).
+        weight_decay: the L2 coefficient: adds weight_decay * w to each gradient.
+        prox_mu: FedProx's proximal weight: adds prox_mu * (w - prox_center).
+        prox_center: the proximal term's centre (needed when prox_mu > 0), usually `start`.
+        correction: a vector added to every step's gradient (SCAFFOLD's c - c_i, FedDyn's -g).
+
+    Returns:
+        (the final flat vector, the float64 mean of the minibatch losses; NaN after no step)."""
     if ctx.lockstep is not None:
         return ctx.lockstep.local_sgd(ctx, start, lr, schedule, weight_decay=weight_decay, prox_mu=prox_mu,
                                       prox_center=prox_center, correction=correction)
@@ -211,14 +226,28 @@ def local_sgd_batched(
     minus_start: bool = False,
     planned: list[list[torch.Tensor]] | None = None,
 ) -> tuple[list[torch.Tensor], list[float]] | None:
-    """`local_sgd` for K clients at once (rayfl.engine.vectorized): row k of `starts` [K, d]
-    follows exactly client k's loop, on its own minibatches and step count, with its own lr,
-    weight decay, proximal pull towards `prox_centers[k]` and `corrections[k]`. Returns
-    (K final vectors, mean minibatch loss per client), or None where batching would not pay
-    under `engine.vectorize: auto` (`rayfl.algorithms.vmapped.batching_pays`) or the clients
-    hold different modules; the caller then runs the loop. The K final vectors are
-    rows of per-chunk buffers, the caller's to change in place; with `minus_start` they are
-    the updates final - start instead (FedAvg's deltas, written in the same pass)."""
+    """`local_sgd` for K clients at once, for a batched twin (`rayfl.batched`): row k of
+    `starts` follows exactly client k's loop, on its own minibatches and step count, with its
+    own lr, weight decay, proximal pull towards `prox_centers[k]` and `corrections[k]`.
+
+    Args:
+        ctxs: the K clients' contexts (one module for all).
+        starts: [K, d] start vectors, row k client k's (never written).
+        lrs: each client's step size.
+        schedules: each client's `LocalSchedule`.
+        weight_decay: each client's L2 coefficient (None: 0).
+        prox_mu: each client's proximal weight (None: 0).
+        prox_centers: [K, d] proximal centres (`starts` itself for FedProx).
+        corrections: [K, d] vectors added to each client's gradients.
+        minus_start: return the updates final - start instead of the final vectors (FedAvg's
+            deltas, written in the same pass).
+        planned: each client's minibatches drawn beforehand; None draws them (callers leave it).
+
+    Returns:
+        (K final vectors, each client's mean minibatch loss), the vectors rows of buffers the
+        caller may change in place; or None where batching would not pay under
+        `engine.vectorize: auto` (`rayfl.algorithms.vmapped.batching_pays`) or the clients
+        hold different modules: the caller then runs its loop function instead."""
     model = ctxs[0].model
     if any(c.model is not model for c in ctxs):
         return None

@@ -49,6 +49,7 @@ class ArrayDataset:
 
     @property
     def input_shape(self) -> tuple[int, ...]:
+        """One sample's shape, without the batch dimension."""
         return tuple(int(d) for d in self.x.shape[1:])
 
     def take(self, idx: np.ndarray | None) -> ArrayDataset:

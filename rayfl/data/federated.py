@@ -56,6 +56,7 @@ class FederatedDataset:
 
     @property
     def num_clients(self) -> int:
+        """Clients that hold training rows (one index array each)."""
         return len(self.client_train)
 
     def client_sizes(self) -> np.ndarray:

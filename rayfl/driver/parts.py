@@ -100,10 +100,12 @@ class Uploads:
 
     @property
     def clients(self) -> list[int]:
+        """The accepted answers' client ids, in the order of `results`."""
         return [r.client for r in self.results]
 
     @property
     def asynchronous(self) -> bool:
+        """Whether this step is asynchronous (each answer then has a staleness)."""
         return self.staleness is not None
 
     def weights(self, key: str) -> np.ndarray:

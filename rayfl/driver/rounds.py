@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 
 def eval_due(round: int, run: RunConfig) -> bool:
-    """Evaluate every `run.eval_every` rounds and always after the last one."""
+    """Whether round `round` (0-based) evaluates: every `run.eval_every` rounds and always
+    after the last one, so a run's final accuracy is always measured."""
     return (round + 1) % run.eval_every == 0 or round == run.rounds - 1
 
 

@@ -59,9 +59,11 @@ class AsynchronyConfig(StalenessKeys):
     buffer_size: int = 10
 
     def validate(self) -> None:
+        """Raise ConfigError naming the first key out of range: load_config calls it before anything runs."""
         self.validate_as("asynchrony")
 
     def validate_as(self, key: str) -> None:
+        """`validate` with the keys named under `key` (an algorithm's own asynchronous section)."""
         self.validate_staleness(key)
         positive(f"{key}.buffer_size", self.buffer_size)
 

@@ -61,16 +61,32 @@ class ClientContext:
     invariants such as SCAFFOLD's c = mean of all c_i hold under every round policy, and a
     failed task can be re-run from the same state."""
 
+    # The client's id, 0 .. num_clients - 1 (the `clients` table's `client`).
     id: int
+    # The server round of a synchronous call; an asynchronous task's own number. It keys the
+    # random streams of `rng`, `generator` and `batches`.
     round: int
+    # The run's seed (run.seed).
     seed: int
+    # The host's one network, shared by all its clients: load the parameters you train from the
+    # payload (rayfl.set_flat, or local_sgd's flat vector), never rely on what it holds.
     model: torch.nn.Module
+    # Where the host computes (engine.device): put the tensors you make here.
     device: torch.device
+    # The client's training inputs [n, *input_shape], on `device`.
     x: torch.Tensor
+    # The client's int64 training labels [n], on `device`.
     y: torch.Tensor
+    # The client's own test rows (partition.client_test), else None.
     test_x: torch.Tensor | None
+    # The labels of `test_x`, else None.
     test_y: torch.Tensor | None
+    # The client's persistent state: {} the first time the client runs; this task's private copy,
+    # committed only when the server accepts the task (docs/reference/client-contract.md).
     state: dict[str, Any]
+    # The work this task did, for the simulated clock: `gradient_step(samples)` per optimiser step,
+    # `forward(samples)` per inference-only pass; local_sgd calls them for you, a loop of your own
+    # over batches() calls them itself.
     work: WorkMeter = field(default_factory=WorkMeter)
     # Train the model's 2-D convolutions with channels-last weights (engine.channels_last, decided
     # once per run by the host: rayfl.models.channels_last); local_sgd reads it.
@@ -81,6 +97,7 @@ class ClientContext:
 
     @property
     def num_samples(self) -> int:
+        """Training samples this client holds (its rows in `x` and `y`)."""
         return int(self.y.shape[0])
 
     def rng(self, purpose: str) -> np.random.Generator:

@@ -181,6 +181,7 @@ class Federation:
         return self.clock.now
 
     def host_of(self, client: int) -> int:
+        """The host that holds `client` (its state, its rows)."""
         return int(self._host_of[client])
 
     def by_host(self, client_ids: Iterable[int]) -> dict[int, list[int]]:

@@ -67,6 +67,7 @@ class ClientResult:
 
     @property
     def ok(self) -> bool:
+        """Whether the server accepted the task (outcome `ok`): only then its state is committed."""
         return self.outcome == OK
 
     def __getitem__(self, key: str) -> Any:

@@ -50,8 +50,16 @@ _ATTR = "__rayfl_batched__"
 
 
 def batched(loop_fn: Callable[..., dict]) -> Callable[[BatchedFn], BatchedFn]:
-    """Register the decorated function as `loop_fn`'s batched twin. The link is an attribute
-    of the module-level loop function, so it travels with it to Ray hosts by reference."""
+    """Register the decorated function as `loop_fn`'s batched twin: `twin(ctxs, kwargs)`
+    runs a host's clients of one call at once and returns one answer dict per client, or None
+    to let the host run `loop_fn` per client instead. The link is an attribute of the
+    module-level loop function, so it travels with it to Ray hosts by reference.
+
+    Args:
+        loop_fn: the client function `fn(ctx, **payload) -> dict` the twin stands for.
+
+    Returns:
+        A decorator that records its function as the twin and returns it unchanged."""
 
     def register(batch_fn: BatchedFn) -> BatchedFn:
         setattr(loop_fn, _ATTR, batch_fn)

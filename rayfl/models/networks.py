@@ -28,11 +28,22 @@ from rayfl.config import ConfigError, ModelConfig
 
 
 def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """The network `cfg.name` names for inputs of shape `input_shape` (no batch dim): its
-    factory called with `cfg.factory_kwargs()`, then LoRA adapters around it when
-    `cfg.adapter` asks for them and the factory does not build them itself. A factory that
-    fails or returns something else than a buffer-free `nn.Module` is a ConfigError at
-    `model.name`."""
+    """The network `cfg.name` names: its factory called with `cfg.factory_kwargs()`, then
+    LoRA adapters around it when `cfg.adapter` asks for them and the factory does not build
+    them itself.
+
+    Args:
+        cfg: the job's `model` section.
+        input_shape: one sample's shape, without the batch dimension.
+        num_classes: the number of scores the network gives (at least 2).
+
+    Returns:
+        A fresh network (its parameters from the factory's own initialisation).
+
+    Raises:
+        ConfigError: at `model.name`, when the factory fails or returns something other than
+            a buffer-free `nn.Module`.
+        ValueError: fewer than 2 classes, or an empty or non-positive `input_shape`."""
     from rayfl.registry import MODELS
 
     if num_classes < 2:

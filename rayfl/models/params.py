@@ -32,10 +32,13 @@ def get_flat(model: nn.Module) -> torch.Tensor:
 
 @torch.no_grad()
 def set_flat(model: nn.Module, vec: torch.Tensor | np.ndarray) -> None:
-    """Copy `vec` into the model's parameters in place (outside autograd).
+    """Copy `vec` into the model's parameters in place (outside autograd): how a flat model
+    (a state's `x`, a run's `final_params`) becomes a network again.
 
-    Accepts a tensor on any device or a numpy array; values are cast to each parameter's dtype
-    and device."""
+    Args:
+        model: the network to write into.
+        vec: as many values as `model` has parameters, in `get_flat`'s order; a tensor on any
+            device or a numpy array, cast to each parameter's dtype and device."""
     flat = torch.as_tensor(vec)
     _check_length(model, flat)
     offset = 0

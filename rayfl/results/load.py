@@ -56,8 +56,14 @@ class Results:
 
 
 def load(path: str | Path = "results") -> Results:
-    """Load every run at or below `path` (a run directory, an experiment or a results root;
-    a local path or a URI such as `s3://bucket/prefix`)."""
+    """Load every run at or below `path`, to compare runs and sweeps with pandas.
+
+    Args:
+        path: a run directory, an experiment or a results root; a local path or a URI such
+            as `s3://bucket/prefix`.
+
+    Returns:
+        Their `rounds`, `clients` and `evals` tables and one manifest row per run."""
     import pandas as pd
 
     manifests = []
