@@ -110,20 +110,66 @@ def test_killed_run_leaves_readable_parquet(tmp_path):
     assert manifest["last_round"] <= rounds[-1]  # progress never claims rows that are not on disk
 
 
+def ray_answers(address: str, token: str | None) -> str:
+    """A real gRPC call to the GCS at `address` (its node table), with the token or without:
+    the status code's name, OK when it answered."""
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    metadata = [("authorization", f"Bearer {token}")] if token else []
+    with grpc.insecure_channel(address) as channel:
+        try:
+            gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetAllNodeInfo(
+                gcs_service_pb2.GetAllNodeInfoRequest(), metadata=metadata, timeout=10)
+        except grpc.RpcError as e:
+            return e.code().name
+    return "OK"
+
+
+def non_loopback_gcs_addresses(run_pid: int) -> list[str]:
+    """The run's GCS, at each address it listens on other than loopback (Ray 2.60 listens on
+    all of them)."""
+    import socket
+
+    import psutil
+
+    found = []
+    for proc in psutil.Process(run_pid).children(recursive=True):
+        if proc.name() != "gcs_server":
+            continue
+        for conn in proc.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and not conn.laddr.ip.startswith("127."):
+                host = socket.gethostbyname(socket.gethostname()) if conn.laddr.ip in ("::", "0.0.0.0") else conn.laddr.ip
+                found.append(f"{host}:{conn.laddr.port}")
+    return found
+
+
 @pytest.mark.slow
 def test_sigterm_closes_the_run_as_interrupted(tmp_path):
-    """`ray job stop` and `kill` send SIGTERM: the run stops cleanly and says so."""
+    """`ray job stop` and `kill` send SIGTERM: the run stops cleanly and says so. While it runs,
+    its own Ray, whose servers listen on every address, answers a call made from this
+    machine's network address only with the token (~/.ray/auth_token): nobody who merely
+    reaches the machine joins the run."""
     cmd = [
         str(BIN / "rayfl"), "run", str(REPO / "jobs" / "digits_fedavg.yaml"), "--quiet",
         "--set", "run.rounds=100000", "--set", f"output.dir={tmp_path}",
     ]
-    proc = subprocess.Popen(cmd, env=env_with_venv(), cwd=tmp_path, start_new_session=True,
+    env = env_with_venv()
+    env.pop("RAY_AUTH_MODE", None)
+    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 240
         while time.time() < deadline and len(list(tmp_path.glob("*/*/rounds/part-*.parquet"))) < 3:
             assert proc.poll() is None, "the run ended before it could be stopped"
             time.sleep(0.2)
+        addresses = non_loopback_gcs_addresses(proc.pid)
+        assert addresses, "the run's GCS listens on no address but loopback"
+        token = (Path.home() / ".ray" / "auth_token").read_text().strip()
+        for address in addresses:
+            assert ray_answers(address, None) == "UNAUTHENTICATED"
+            assert ray_answers(address, "not-" + token) == "UNAUTHENTICATED"
+            assert ray_answers(address, token) == "OK"
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
     finally:

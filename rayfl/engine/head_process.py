@@ -163,6 +163,18 @@ def tell_fork_server(socket_path: str, node: Any) -> None:
     tell_flags(socket_path, {"RAY_RAYLET_PID": str(raylet), "RAY_JOB_ID": "ffffffff"})  # no job yet: the nil JobID
 
 
+def ensure_token() -> None:
+    """The token the head requires (rayfl.engine.local_ray.require_token), created in the
+    user's ~/.ray/auth_token when there is none yet, as `ray.init()` does for its own head."""
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            ensure_token_if_auth_enabled,
+        )
+    except ImportError:  # a Ray without token auth
+        return
+    ensure_token_if_auth_enabled(None, create_token_if_missing=True)
+
+
 def start_node(num_cpus: int | None, num_gpus: int | None) -> Any:
     from ray._private.node import Node
     from ray._private.parameter import RayParams
@@ -309,6 +321,7 @@ def serve(args: argparse.Namespace, scratch: Path) -> int:
     if socket_path is not None:
         os.environ[FORK_SOCKET_ENV] = socket_path  # the raylet's, so every worker launcher's
     try:
+        ensure_token()
         node = start_node(args.num_cpus, args.num_gpus)
         if socket_path is not None:
             tell_fork_server(socket_path, node)

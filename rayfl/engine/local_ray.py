@@ -93,11 +93,32 @@ class DriverForkServer:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
+AUTH_MODE_ENV = "RAY_AUTH_MODE"  # Ray's own setting: "token" or "disabled"
+
+
+def require_token() -> None:
+    """Token auth for the head a run starts, unless the user set RAY_AUTH_MODE. Ray's gRPC
+    servers (GCS, raylet, every worker) listen on all interfaces and no setting of Ray 2.60
+    binds them to loopback; without a token, anyone who reaches this machine could join the
+    run's Ray and run code in it. `ray.init()` turns token auth on for a head it starts; this
+    does the same for ours. Set in this process's environment, so the head, the workers forked
+    from this process and its own `ray.init` all use the token (~/.ray/auth_token)."""
+    if os.environ.get(AUTH_MODE_ENV) is not None:
+        return
+    os.environ[AUTH_MODE_ENV] = "token"
+    if "ray._raylet" in sys.modules:  # Ray read its config already: have it read the mode again
+        with contextlib.suppress(Exception):
+            from ray._raylet import Config
+
+            Config.initialize("")
+
+
 class LocalHead:
     """A local Ray head held by a child process (`python -m rayfl.engine.head_process`)."""
 
     def __init__(self, num_cpus: int | None = None, num_gpus: int | None = None,
                  fork_server: DriverForkServer | None = None):
+        require_token()
         cmd = [sys.executable, "-m", "rayfl.engine.head_process"]
         if num_cpus is not None:
             cmd += ["--num-cpus", str(int(num_cpus))]
