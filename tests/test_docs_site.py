@@ -44,7 +44,9 @@ def test_the_site_builds_in_strict_mode(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stdout}{done.stderr}"
     for page in pages(nav()):
-        built = tmp_path / "site" / ("index.html" if page == "index.md" else page.removesuffix(".md") + "/index.html")
+        # a page is built as its path without the suffix: .md pages and the .ipynb notebook alike
+        stem = Path(page).with_suffix("").as_posix()
+        built = tmp_path / "site" / ("index.html" if page == "index.md" else stem + "/index.html")
         assert built.is_file(), page
 
 
