@@ -960,7 +960,7 @@ def is_path_key(key: str) -> bool:
 
 
 def absolute_local_paths(raw: dict[str, Any], base: str | Path | None = None) -> None:
-    """Relative local paths (e.g. `data.data_dir: ../shared/data`) made absolute against `base`
+    """Relative local paths (e.g. `data.data_dir: ../data`) made absolute against `base`
     (default: the working directory), in place: a sweep's trials run in directories of their
     own, a resumed run wherever `rayfl resume` is called. `output.dir` is left alone (the
     sweep makes it absolute itself; a resumed run is addressed by its directory)."""

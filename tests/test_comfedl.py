@@ -166,8 +166,8 @@ def test_client_steps_match_hand_computation(weighting):
 
 
 def test_normalised_equals_literal_with_lr_scaled_by_gamma_over_z():
-    """Spec 2.5: exp((L - c)/gamma) = (gamma / Z) exp(L/gamma)/gamma with Z = exp(c/gamma), for a
-    whole round, so normalised(lr) = literal(lr gamma / Z); the same lr differs."""
+    """rayfl's normalised step (not in the paper): exp((L - c)/gamma) = (gamma / Z) exp(L/gamma)/gamma
+    with Z = exp(c/gamma), for a whole round, so normalised(lr) = literal(lr gamma / Z); the same lr differs."""
     x, y, w0 = toy()
     gamma, lr = 0.5, 0.3
     probe = comfedl_probe(context(x, y), w0, "loss", 0.05, True, 4, 4)["probe"]
@@ -186,7 +186,7 @@ def test_normalised_equals_literal_with_lr_scaled_by_gamma_over_z():
 
 
 def test_identity_outer_reproduces_fedavg_local_sgd_bit_for_bit():
-    """Spec check 3: g = identity walks FedAvg's minibatches with FedAvg's steps."""
+    """With g = identity (`outer: identity`) ComFedL walks FedAvg's minibatches with FedAvg's steps."""
     x, y, w0 = toy()
     a = comfedl_client(context(x, y, cid=1, rnd=2), w0, **client_kwargs(outer="identity"))
     b = fedavg_client(context(x, y, cid=1, rnd=2), w0, 0.3, LocalSchedule(4, None, 3))

@@ -1,4 +1,4 @@
-"""FedRZO's first-order baselines of App. D.1 (spec zo-nondiff.md 7.2): FedMSPP and Scaffnew on
+"""FedRZO's first-order baselines of App. D.1 (Fig. 3): FedMSPP and Scaffnew on
 the softplus-smoothed network, checked one step at a time against float64 hand computations,
 plus the train-softplus / evaluate-ReLU model switch and a short run of each on Ray.
 

@@ -1,7 +1,8 @@
 """FedRZO_bl / FedRZO_minimax (NeurIPS 2023, Alg. 2 + 3, Cor. 1) checked by hand on tiny problems.
 
-Every rule is recomputed in float64 numpy from its definition (spec zo-nondiff.md 4, 5, with
-the addendum's C1: clients evaluate f~_i at their own x_{i,k}):
+Every rule is recomputed in float64 numpy from its definition (Alg. 2 and 3 as rayfl reads them,
+their boxes being lost in extraction; clients evaluate f~_i at their own x_{i,k}, as Remark 3
+and Remark 7 (App. B.1) suggest):
 
     v_r = eta z/||z|| (ONE per round);  y+ = LL(x_r + v_r, r), y0 = LL(x_r, r)   (two calls)
     LL: R~ rounds of  y_i <- y_i - lr grad_y h~_i(x, y_i; zeta)  (H^ steps), y <- mean_i y_i
@@ -225,8 +226,8 @@ def test_upper_client_steps_match_hand_computation_with_moreau_term():
 
 
 def test_minimax_client_evaluates_at_its_own_iterate():
-    """Fair client: f~_i depends on x directly, so evaluating at x_r instead of x_{i,k} (the
-    spec's pre-addendum step 8) gives a different result."""
+    """Fair client: f~_i depends on x directly, so evaluating at x_r instead of x_{i,k} (a fully
+    delayed step 8 of Alg. 2) gives a different result."""
     ds = tiny_dataset()
     rng = np.random.default_rng(1)
     spec = ProblemSpec("fair", C, lam=1.0, hidden=HID)

@@ -1,4 +1,4 @@
-"""FedRZO_nn (Alg. 1 of Qiu, Shanbhag, Yousefian, NeurIPS 2023; spec zo-nondiff.md 2-3) and the
+"""FedRZO_nn (Alg. 1 of Qiu, Shanbhag, Yousefian, NeurIPS 2023, Sec. 3) and the
 zeroth-order pieces it adds to rayfl/zo: local steps against a float64 hand computation, the
 one-sided estimator's unbiasedness for the smoothed gradient, every projection, and the same
 run on 1 and 2 hosts.
@@ -260,7 +260,7 @@ def test_moreau_gradient_is_the_gradient_of_the_envelope(kind):
 def test_configs_name_their_mistakes():
     with pytest.raises(ConfigError, match="algorithm.eta"):
         load_config(None, ["algorithm.name=fedrzo_nn", "algorithm.eta=0"])
-    with pytest.raises(ConfigError, match="algorithm.lr"):  # gamma > eta with a set (spec D-9)
+    with pytest.raises(ConfigError, match="algorithm.lr"):  # gamma > eta with a set: the Moreau step overshoots
         load_config(None, ["algorithm.name=fedrzo_nn", "algorithm.lr=0.1", "algorithm.eta=0.01",
                            "algorithm.constraint={kind: ball, radius: 1}"])
     with pytest.raises(ConfigError, match=r"algorithm.client_constraints\[1\].radius"):

@@ -1,4 +1,4 @@
-"""ZO-HFL's update rules, checked by hand on a tiny problem (spec Alg. 1 and 2).
+"""ZO-HFL's update rules, checked by hand on a tiny problem (Alg. 1 and 2 of arXiv 2504.01839).
 
 The model is a linear softmax regression on 3 features x 2 classes without bias (d = 6), so
 every quantity of one round can be recomputed in float64 numpy from its definition:

@@ -97,7 +97,8 @@ def test_quadratic_penalty_difference_is_the_factored_form():
 
 
 def test_quadratic_penalty_identity_expectation():
-    """Spec 2.4: with y+ = y- = y the estimate is d lam v v^T (x - y), whose mean is lam (x - y)."""
+    """Lemma 7(i) with f2 = lam/2 ||x - y||^2: with y+ = y- = y the estimate is d lam v v^T (x - y),
+    whose mean is lam (x - y)."""
     rng = np.random.default_rng(3)
     d, lam, eta, n = 6, 0.7, 0.1, 40_000
     x, y = rng.normal(size=(2, d))
@@ -142,8 +143,8 @@ def test_box_and_orthant_projection_and_config_checks():
 # ---------------------------------------------------------------- schedules
 
 
-def test_sqrt_schedule_matches_spec_table():
-    """Spec 2.6: H_r = ceil(tau sqrt(r + 1)) for R = 500."""
+def test_sqrt_schedule_matches_its_values_up_to_r_500():
+    """Thm 1(ii) and Sec. IV (i): H_r = ceil(tau sqrt(r + 1)), tabulated for R = 500."""
     table = {5: (5, 8, 16, 50, 112, 37_562), 20: (20, 29, 64, 200, 448, 149_507), 50: (50, 71, 159, 500, 1_119, 373_474)}
     for tau, (h0, h1, h9, h99, h499, total) in table.items():
         s = StepsSchedule(kind="sqrt", tau=tau)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ComFedL's Fig. 3 (arXiv 2106.11264, Sec. 5.1): the effect of the synchronization gap tau (top
-# row; tau in {1, 2, 5, 10}, spec A15) and of gamma (bottom row; {0.1, 0.2, 2, 5}) on ComFedL's
+# row; tau in {1, 2, 5, 10}: not stated in the paper, rayfl's choice) and of gamma (bottom row; {0.1, 0.2, 2, 5}) on ComFedL's
 # train and validation accuracy on the quantity-skewed MNIST, everything else as in Fig. 2,
 # under experiment `comfedl_fig3`; `rayfl report <output.dir>/comfedl_fig3` draws it.
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The baselines' grids of ComFedL's Sec. 5.3 (spec 3.6) on the quantity-skewed MNIST, each one
+# The baselines' grids of ComFedL's Sec. 5.3 on the quantity-skewed MNIST, each one
 # `rayfl sweep` over lr [0.001 .. 1] x its own parameter x 3 seeds (ComFedL's own grid is
 # jobs/comfedl/sweep_grid.yaml):
 #   jobs/comfedl/sweep_baselines.sh --set data.source=test_only       # offline

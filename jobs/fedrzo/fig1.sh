@@ -5,7 +5,7 @@
 # draws it (fedrzo_fig1.png).
 #
 #   jobs/fedrzo/fig1.sh                                                    # full MNIST, R = 300
-#   jobs/fedrzo/fig1.sh --set data.source=test_only --set run.rounds=100   # offline (the note's run)
+#   jobs/fedrzo/fig1.sh --set data.source=test_only --set run.rounds=100   # offline (docs/replications/fedrzo.md's run)
 #   SEEDS="0 1 2" jobs/fedrzo/fig1.sh ...                                  # repeats for bands
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -6,7 +6,7 @@
 # delay saving (total rounds to a common loss per H) to fedrzo_fig2_<problem>_saving.csv.
 #
 #   jobs/fedrzo/fig2.sh                                                  # H in {1, 5, 10, 20}, seeds 0-4
-#   HS="1 10" SEEDS=0 jobs/fedrzo/fig2.sh --set data.source=test_only     # offline (the notes' runs)
+#   HS="1 10" SEEDS=0 jobs/fedrzo/fig2.sh --set data.source=test_only     # offline (docs/replications/fedrzo.md's runs)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 HS=${HS:-"1 5 10 20"}

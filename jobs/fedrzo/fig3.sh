@@ -6,7 +6,8 @@
 #   jobs/fedrzo/fig3.sh                                                   # full MNIST, R = 300
 #   jobs/fedrzo/fig3.sh --set data.source=test_only --set run.rounds=100  # offline
 #
-# Per-method lr (spec D-17: tuned on beta = 10, reused for every beta): LR_FEDAVG, LR_FEDPROX,
+# Per-method lr (rayfl's protocol: tuned on beta = 10, reused for every beta; see
+# docs/replications/fedrzo.md, Fig. 3): LR_FEDAVG, LR_FEDPROX,
 # LR_FEDMSPP, LR_SCAFFNEW (unset: the YAML's lr = 0.1), e.g.
 #   LR_FEDAVG=0.3 LR_FEDPROX=0.3 jobs/fedrzo/fig3.sh --set data.source=test_only
 set -euo pipefail

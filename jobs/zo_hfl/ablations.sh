@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The confounder checks of the ZO-HFL spec (sections 3.3 and 5.15), per (alpha, beta) setting,
+# The confounder checks of ZO-HFL's Table I (docs/replications/zo-hfl.md, Confounder ablations):
+# the server's own gradient step on its 30% of the data (Alg. 1 line 7, Sec. IV), which the paper
+# does not give the baselines, and ZO-HFL's two solves per round; per (alpha, beta) setting,
 # under experiment `zohfl_ablations` (`rayfl report` lists them under the Table I grid):
 #   zo_hfl lam=0            server-only SGD on f1: what the server's 30% alone gives
 #   fedavg/scaffold +server the baselines with the server's data as an always-on client
