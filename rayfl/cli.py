@@ -32,6 +32,7 @@ examples:
   rayfl report results/                       tables and plots from finished runs
   rayfl pool start --address auto             warm hosts on a running Ray: runs joining it start faster
   rayfl bench scale --clients 10000           seconds per round and peak memory at scale
+  rayfl bench driver --hosts 2,4,8,16,32      the driver's CPU per round as the hosts grow (ms per host)
   rayfl bench async --clients 1000            stragglers: sync vs deadline vs FedBuff; async speed-up
   rayfl bench zo                              wall time of a ZO-HFL round vs FedAvg rounds (offline MNIST)
   rayfl bench fedavg-mlp                      rayfl (vectorised / loop, 1 and 2 hosts) vs a plain PyTorch loop
@@ -190,6 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--rounds", type=int, default=10)
     scale.add_argument("--eager", action="store_true", help="the in-memory dataset instead of a lazily generated population")
     scale.add_argument("--out", default="bench/scale.json")
+    drv = bsub.add_parser("driver", help="the driver's CPU time per round against the number of hosts")
+    drv.add_argument("--hosts", type=_int_list, default=[2, 4, 8, 16, 32], help="host counts, e.g. 2,4,8,16,32")
+    drv.add_argument("--rounds", type=int, default=40)
+    drv.add_argument("--out", default="bench/driver.json")
     asyn = bsub.add_parser(
         "async", help="stragglers: simulated time to accuracy (sync / deadline / FedBuff) and async wall speed-up"
     )
@@ -576,6 +581,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from rayfl.bench.scale import run_scale_bench
 
         result = run_scale_bench(args.clients, args.per_round, args.rounds, Path(args.out), eager=args.eager)
+    elif args.bench == "driver":
+        from rayfl.bench.driver import run_driver_bench
+
+        result = run_driver_bench(args.hosts, args.rounds, Path(args.out))
     elif args.bench == "startup":
         from rayfl.bench.startup import run_startup_bench
 
