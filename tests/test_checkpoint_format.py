@@ -94,6 +94,15 @@ def test_every_kind_of_state_round_trips_bit_for_bit() -> None:
     assert isinstance(back.server_state.state, ModelState)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_gpu_tensor_comes_back_on_the_gpu_with_its_bits() -> None:
+    state = {"m": torch.randn(3, 2, device="cuda").to(torch.bfloat16)}
+    enc = Encoder()
+    node = enc.encode(state, "ctx.state")
+    back = decode(node, enc.arrays.__getitem__, RAYFL)
+    assert back["m"].device.type == "cuda" and same(state["m"].cpu(), back["m"].cpu())
+
+
 @pytest.mark.parametrize(("state", "key", "what"), [
     ({"opt": {"fn": lambda x: x}}, "ctx.state['opt']['fn']", "a function (<lambda>)"),
     ({"log": [1, open]}, "ctx.state['log'][1]", "a function (open)"),

@@ -108,7 +108,7 @@ def checkpoint_bytes(ckpt: Checkpoint) -> bytes:
         if f.name == "client_states":
             tree[f.name] = [[cid, enc.encode(state, f"client {cid}'s ctx.state")] for cid, state in value.items()]
         else:
-            where = {"server_state": "the server state", "driver": "the driver state"}.get(f.name, f"checkpoint.{f.name}")
+            where = {"driver": "driver_state"}.get(f.name, f.name)
             tree[f.name] = enc.encode(value, where, dataclasses_ok=True, functions_ok=f.name == "pools")
     buf = io.BytesIO()
     np.savez(buf, **{TREE: np.frombuffer(to_json(tree), dtype=np.uint8)}, **enc.arrays)

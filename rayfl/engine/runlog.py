@@ -106,7 +106,7 @@ class RunLog:
         checkpoint follows every `output.checkpoint_every` rounds and when the run stops."""
         fed = self.fed
         if not self._server_state_checked:  # a state no checkpoint can hold fails now, not rounds later
-            check_savable(fed.server_state, "the server state", dataclasses_ok=True)
+            check_savable(fed.server_state, "server_state", dataclasses_ok=True)
             self._server_state_checked = True
         row = {
             "round": round,

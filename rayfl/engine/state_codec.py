@@ -153,6 +153,8 @@ class Encoder:
         raw = flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat  # its bytes, whatever the dtype
         node = {TAG: "tensor", "ref": self._array(raw.numpy().copy()), "dtype": str(t.dtype).removeprefix("torch."),
                 "shape": list(t.shape)}
+        if t.device.type != "cpu":
+            node["device"] = str(t.device)
         if t.requires_grad:
             node["requires_grad"] = True
         return node
@@ -167,9 +169,13 @@ class Encoder:
 def _function_name(fn: types.FunctionType, where: str) -> str:
     """`module:qualname` of a module-level function (or a class's static one)."""
     name = f"{fn.__module__}:{fn.__qualname__}"
-    if "<" in fn.__qualname__:
-        raise UnsavableState(where, f"holds {describe(fn)}, which has no importable name; a task's function "
-                                    "must be defined at module level")
+    try:
+        found = Resolver((fn.__module__,)).function(name)
+    except UnreadableState:
+        found = None
+    if found is not fn:
+        raise UnsavableState(where, f"holds {describe(fn)}, which its name {name!r} does not find again; a task's "
+                                    "function must be defined at module level (or as a class's staticmethod)")
     return name
 
 
@@ -245,6 +251,10 @@ def _tensor(node: dict[str, Any], raw: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(raw.copy())
         t = t.view(dtype) if dtype != torch.uint8 else t
     t = t.reshape([int(n) for n in node["shape"]])
+    device = torch.device(str(node.get("device", "cpu")))
+    if device.type == "cuda" and torch.cuda.is_available():  # a GPU's tensor goes back to a GPU, if there is one
+        index = device.index if device.index is not None and device.index < torch.cuda.device_count() else 0
+        t = t.to(torch.device("cuda", index))
     return t.requires_grad_() if node.get("requires_grad") else t
 
 
