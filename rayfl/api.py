@@ -104,7 +104,8 @@ def run(
     return Run(out.run_dir, cfg, out.summary, out.final_params, dataset)
 
 
-def resume(run_dir: str | Path, *, progress: bool = False, callbacks: Sequence[Callback] = ()) -> Run:
+def resume(run_dir: str | Path, *, progress: bool = False, callbacks: Sequence[Callback] = (),
+           trust_pickle: bool = False) -> Run:
     """Continue a stopped or killed run from its last checkpoint (see `rayfl resume`).
 
     Args:
@@ -112,13 +113,16 @@ def resume(run_dir: str | Path, *, progress: bool = False, callbacks: Sequence[C
         progress: draw a progress bar.
         callbacks: the `rayfl.Callback` objects the run was started with, given again (their
             state is in the checkpoint).
+        trust_pickle: resume from an older rayfl's `checkpoint.pkl`; pickle runs any code the
+            file holds, so only for a run directory you wrote yourself.
 
     Returns:
         The finished run, as `rayfl.run` returns it."""
     from rayfl.runner import resume_experiment, resume_target
 
     out = _with_progress(resume_target(run_dir), progress,
-                         lambda bar: resume_experiment(run_dir, progress=bar, callbacks=callbacks))
+                         lambda bar: resume_experiment(run_dir, progress=bar, callbacks=callbacks,
+                                                           trust_pickle=trust_pickle))
     return Run(out.run_dir, out.config, out.summary, out.final_params, out.dataset)
 
 

@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     res.add_argument("run_dir", help="the run's directory or URI: <output.dir>/<experiment>/<run_id>")
     res.add_argument("--quiet", action="store_true", help="no progress bar")
+    res.add_argument("--trust-pickle", action="store_true",
+                     help="resume from an older rayfl's checkpoint.pkl: loading pickle runs any code the file "
+                          "holds, so only for a run directory you wrote yourself (checkpoint.npz needs no flag)")
 
     sw = sub.add_parser(
         "sweep", help="run a job over a grid of settings and seeds (warm hosts, resumable)",
@@ -273,10 +276,14 @@ def main(argv: list[str] | None = None) -> int:
             exit_now(code)
         return code
     except user_errors() as e:
-        print(f"rayfl: error: {one_line(e)}", file=sys.stderr)
+        print(f"rayfl: error: {one_line(raised_on_host(e) or e)}", file=sys.stderr)
         return 2
     except Exception as e:
         from rayfl.user_code import found_in, report
+
+        if (mistake := raised_on_host(e)) is not None:
+            print(f"rayfl: error: {one_line(mistake)}", file=sys.stderr)
+            return 2
 
         if (err := found_in(e)) is not None:  # the user's own code raised: a short block, status 1
             print(report(err, getattr(e, "rayfl_error_log", None)), file=sys.stderr)
@@ -339,6 +346,13 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from rayfl.results.writer import RunExistsError
 
     return (ConfigError, DatasetError, RunExistsError)
+
+
+def raised_on_host(e: BaseException) -> BaseException | None:
+    """The user mistake a host found (a client state a checkpoint cannot hold), as the host
+    raised it: Ray's task error around it would print the host's whole traceback."""
+    cause = getattr(e, "cause", None)  # Ray's task error: the host's exception as raised there
+    return cause if isinstance(cause, user_errors()) else None
 
 
 def one_line(e: BaseException) -> str:
@@ -408,7 +422,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from rayfl.runner import resume_experiment, resume_target
 
     with RoundProgress(resume_target(args.run_dir), enabled=not args.quiet) as bar:
-        outcome = resume_experiment(args.run_dir, progress=bar.update)
+        outcome = resume_experiment(args.run_dir, progress=bar.update, trust_pickle=args.trust_pickle)
     final = {k: v for k, v in outcome.summary.items() if isinstance(v, (int, float))}
     print(f"results: {outcome.run_dir}")
     print(json.dumps(final, indent=None, default=float))

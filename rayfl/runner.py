@@ -29,7 +29,7 @@ from rayfl.data import FederatedDataset, build_federated_dataset
 from rayfl.data.stored import STORED_FILE, dataset_bytes, dataset_from_bytes
 from rayfl.driver import drive
 from rayfl.engine import Federation
-from rayfl.engine.checkpoint import Checkpoint, load_checkpoint
+from rayfl.engine.checkpoint import Checkpoint, load_checkpoint, resolver_for
 from rayfl.engine.local_ray import discard_head, start_local_ray, stop_ray, unreachable
 from rayfl.engine.placement import Placement
 from rayfl.engine.resources import check_cluster, check_local_cluster
@@ -257,10 +257,12 @@ def resume_experiment(
     progress: ProgressFn | None = None,
     on_start: Callable[[RunDir, Federation], None] | None = None,
     callbacks: Sequence[Callback] = (),
+    trust_pickle: bool = False,
 ) -> RunOutcome:
     """Continue a stopped, killed or failed run from its last checkpoint, in its own directory:
     rows written after the checkpoint are dropped and produced again, so the finished tables
-    equal an uninterrupted run's. Without a checkpoint the run starts over from round 0."""
+    equal an uninterrupted run's. Without a checkpoint the run starts over from round 0.
+    `trust_pickle`: read an older rayfl's pickle checkpoint (pickle runs the code it holds)."""
     location, manifest = run_manifest(run_dir)
     if manifest.get("status") == "completed":
         raise ConfigError("run_dir", f"{location} is already completed; nothing to resume")
@@ -271,7 +273,7 @@ def resume_experiment(
     if manifest.get("cwd"):
         absolute_local_paths(recorded, manifest["cwd"])
     cfg = config_from_manifest(recorded)
-    ckpt = load_checkpoint(location)
+    ckpt = load_checkpoint(location, resolver_for(cfg), trust_pickle)
     stored = manifest.get("dataset", {}).get("stored")
     dataset = dataset_from_bytes(location.child(stored).read_bytes()) if stored else build_dataset(cfg)
     check_before_ray(cfg, dataset.num_clients)

@@ -369,7 +369,7 @@ def run_or_resume(raw: dict[str, Any], progress: Any = None, on_start: Any = Non
     """A trial's run: a `completed` one is left alone (its manifest is returned), one that holds
     a checkpoint is resumed, any other leftover (a first attempt that failed before its first
     checkpoint) starts over; None once it ran. `dataset`: the trial's data, built already."""
-    from rayfl.engine.checkpoint import load_checkpoint
+    from rayfl.engine.checkpoint import has_checkpoint
     from rayfl.runner import resume_experiment, run_experiment
 
     run_dir = trial_dir(raw)
@@ -377,7 +377,7 @@ def run_or_resume(raw: dict[str, Any], progress: Any = None, on_start: Any = Non
     status = manifest.get("status") if manifest is not None else None
     if status == "completed":
         return manifest
-    if status is not None and load_checkpoint(run_dir) is not None:
+    if status is not None and has_checkpoint(run_dir):
         resume_experiment(run_dir.name, progress=progress, on_start=on_start)
         return None
     if status is not None:  # a failed first attempt without a checkpoint

@@ -196,7 +196,7 @@ def test_sigterm_then_resume_gives_the_uninterrupted_runs_tables(package: Path) 
     try:
         deadline = time.time() + RUN_TIMEOUT
         while time.time() < deadline:  # a checkpoint on disk: the run is well under way
-            if (run_dir / "checkpoint.pkl").exists():
+            if (run_dir / "checkpoint.npz").exists():
                 break
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
             time.sleep(0.1)

@@ -237,7 +237,7 @@ def test_a_crashed_run_on_s3_resumes_from_its_checkpoint_there(ray_local, s3_roo
     with pytest.raises(RuntimeError, match="crash"):
         run_experiment(cfg("crashed"), on_start=crash_after_round_2)
     run_uri = Location.parse(s3_root).child("default", "crashed").name
-    assert "checkpoint.pkl" in keys_under(run_uri)
+    assert "checkpoint.npz" in keys_under(run_uri)
     resumed = load(resume_experiment(run_uri).run_dir)
     drop = ["wall_time", "run_id"]
     for table in ("rounds", "clients"):

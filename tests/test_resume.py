@@ -132,8 +132,8 @@ def test_resume_drops_rows_written_after_the_checkpoint(ray_local, results_dir):
 
 
 def test_a_damaged_checkpoint_falls_back_to_the_one_before(ray_local, results_dir, caplog, tmp_path):
-    """Half of checkpoint.pkl (an interrupted copy): resume says so in one line, continues from
-    checkpoint.prev.pkl (round 1) and ends with the uninterrupted run's tables. With that one
+    """Half of checkpoint.npz (an interrupted copy): resume says so in one line, continues from
+    checkpoint.prev.npz (round 1) and ends with the uninterrupted run's tables. With that one
     damaged too, `rayfl resume` exits 2 with one line naming the run's checkpoint."""
     import shutil
 
@@ -146,20 +146,20 @@ def test_a_damaged_checkpoint_falls_back_to_the_one_before(ray_local, results_di
     run_dir = results_dir / "default" / "damaged"
     both = results_dir / "default" / "both-damaged"
     shutil.copytree(run_dir, both)
-    for path in (run_dir / "checkpoint.pkl", both / "checkpoint.pkl", both / "checkpoint.prev.pkl"):
+    for path in (run_dir / "checkpoint.npz", both / "checkpoint.npz", both / "checkpoint.prev.npz"):
         data = path.read_bytes()
         path.write_bytes(data[: len(data) // 2])
     with caplog.at_level("WARNING", logger="rayfl.engine.checkpoint"):
         resumed = load(resume_experiment(run_dir).run_dir)
     (warning,) = [r.getMessage() for r in caplog.records if r.name == "rayfl.engine.checkpoint"]
-    assert "checkpoint.pkl is damaged" in warning and "using checkpoint.prev.pkl (round 1)" in warning, warning
+    assert "checkpoint.npz is damaged" in warning and "using checkpoint.prev.npz (round 1)" in warning, warning
     assert_same_tables(whole, resumed)
 
     done = subprocess.run([str(BIN / "rayfl"), "resume", "--quiet", str(both)], env=env_with_venv(), cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr[-2000:]
     (line,) = done.stderr.strip().splitlines()
-    assert str(both / "checkpoint.pkl") in line and "no checkpoint of this run can be read" in line, line
+    assert str(both / "checkpoint.npz") in line and "no checkpoint of this run can be read" in line, line
 
 
 @pytest.mark.slow
@@ -182,7 +182,7 @@ def test_sigkilled_run_resumes_from_its_last_checkpoint(ray_local, results_dir, 
     try:
         deadline = time.time() + 300
         while time.time() < deadline:
-            ckpt = load_checkpoint(Location.parse(run_dir)) if (run_dir / "checkpoint.pkl").exists() else None
+            ckpt = load_checkpoint(Location.parse(run_dir)) if (run_dir / "checkpoint.npz").exists() else None
             if ckpt is not None and ckpt.round >= 7:
                 break
             assert proc.poll() is None, "the run ended before it could be killed"

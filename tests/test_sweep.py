@@ -255,7 +255,7 @@ def test_asha_stops_poor_trials_and_their_runs_end_cleanly(ray_local, tmp_path: 
     for run_id in stopped:
         m = manifest(out / "asha" / run_id)
         assert m["status"] == "interrupted" and m["sweep_stopped"]
-        assert m["last_round"] < 4 and (out / "asha" / run_id / "checkpoint.pkl").is_file()
+        assert m["last_round"] < 4 and (out / "asha" / run_id / "checkpoint.npz").is_file()
 
 
 def test_a_trial_with_a_checkpointed_run_resumes_it(ray_local, tmp_path: Path) -> None:

@@ -530,22 +530,22 @@ def pretrain(x: np.ndarray, server: Any, kernel: CrossEntropyGrad, cfg: ZOHFLCon
     return x
 
 
+@dataclass
 class PenaltyTracker:
     """lam/2 sum_i rho_i ||x - y_bar_i||^2 with each client's latest y_bar (rayfl's reading of
     the penalty in Fig. 2's "global loss", which Sec. IV does not define): exact for the
     current x when clients upload models, from their last reported gap otherwise.
-    Clients never called yet contribute nothing."""
+    Clients never called yet contribute nothing. A dataclass of arrays and numbers, so the
+    server state that holds it is checkpointed as data."""
 
-    def __init__(self, lam: float, rho: np.ndarray):
-        self.lam = lam
-        self.rho = rho
-        self.y_bar: dict[int, np.ndarray] = {}
-        self.gap: dict[int, float] = {}
+    lam: float
+    rho: np.ndarray
+    y_bar: dict[int, np.ndarray] = field(default_factory=dict)
+    gap: dict[int, float] = field(default_factory=dict)
 
     def updated(self, results: list[ClientResult]) -> PenaltyTracker:
         """A tracker with these answers' y_bar_i (or gaps) replacing their clients' last ones."""
-        out = PenaltyTracker(self.lam, self.rho)
-        out.y_bar, out.gap = dict(self.y_bar), dict(self.gap)
+        out = PenaltyTracker(self.lam, self.rho, dict(self.y_bar), dict(self.gap))
         for res in results:
             if "y_plus" in res.values:
                 out.y_bar[res.client] = 0.5 * (res["y_plus"] + res["y_minus"])

@@ -33,6 +33,7 @@ from rayfl.engine.context import ClientContext
 from rayfl.engine.exact_sum import PRESUM, FixedPointSum, KeptValue, fixed_point_sum
 from rayfl.engine.lockstep import Lockstep, solve_together
 from rayfl.engine.payload import payload_nbytes, to_numpy_tree
+from rayfl.engine.state_codec import check_savable
 from rayfl.engine.vectorized import BatchedFn, use_batched, vectorize_mode
 from rayfl.models import build_model
 from rayfl.models.channels_last import channels_last_rule
@@ -357,6 +358,8 @@ class ClientHostImpl:
         if uploads is not None:
             values, upload = transform_upload(values, state, uploads, cid, ctx.round, self.seed)
         changed = not same_state(state, self.states[cid])
+        if changed:  # what a checkpoint cannot hold fails here, at the first commit, not rounds later
+            check_savable(state, "ctx.state", context=f"{getattr(fn, '__name__', fn)} on client {cid}, round {ctx.round}")
         if job.task is None:
             self.states[cid] = state
         elif changed:

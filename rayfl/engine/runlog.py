@@ -13,7 +13,14 @@ import numpy as np
 import torch
 
 from rayfl.callbacks.runner import CallbackRunner, global_model
-from rayfl.engine.checkpoint import CHECKPOINT_FILE, Checkpoint, read_checkpoint, save_checkpoint
+from rayfl.engine.checkpoint import (
+    CHECKPOINT_FILE,
+    Checkpoint,
+    read_checkpoint,
+    resolver_for,
+    save_checkpoint,
+)
+from rayfl.engine.state_codec import check_savable
 from rayfl.engine.tasks import OUTCOMES, ClientResult
 
 if TYPE_CHECKING:
@@ -43,6 +50,7 @@ class RunLog:
         self._round_bytes = 0
         self._outcomes = dict.fromkeys(OUTCOMES, 0)
         self._failures_logged = 0  # hosts replaced before the last `rounds` row
+        self._server_state_checked = False
 
     @property
     def wall_time(self) -> float:
@@ -97,6 +105,9 @@ class RunLog:
         at the flush that writes its row. The callbacks see the row and may stop the run; a
         checkpoint follows every `output.checkpoint_every` rounds and when the run stops."""
         fed = self.fed
+        if not self._server_state_checked:  # a state no checkpoint can hold fails now, not rounds later
+            check_savable(fed.server_state, "server_state", dataclasses_ok=True)
+            self._server_state_checked = True
         row = {
             "round": round,
             "sim_time": fed.clock.now,
@@ -172,7 +183,7 @@ class RunLog:
         """The checkpoint this run wrote last, read back from its file (None before the first)."""
         if self.last_checkpoint is None or self.writer is None:
             return None
-        return read_checkpoint(self.writer.location.child(CHECKPOINT_FILE))
+        return read_checkpoint(self.writer.location.child(CHECKPOINT_FILE), resolver_for(self.fed.cfg))
 
     def restore(self, ckpt: Checkpoint) -> None:
         """Put back what a checkpoint holds beside the Federation's own counters and the client

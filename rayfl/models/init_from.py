@@ -2,7 +2,7 @@
 non-personalized training, personalized training and fine-tuning this way (FFGG, App. E.3).
 
 The source is a `.npy` flat vector of exactly the target model's length, or a run directory:
-its manifest names the model it trained and its `checkpoint.pkl` holds the server's state after
+its manifest names the model it trained and its `checkpoint.npz` holds the server's state after
 its last checkpointed round (a run whose `output.checkpoint_every` divides `run.rounds` has its
 final model there). A run-directory source is copied into the target *by parameter name*, so a
 base network's parameters land in the same network with adapters added after pretraining; the
@@ -42,7 +42,7 @@ def run_final_params(run_dir: Path, input_shape: tuple[int, ...], num_classes: i
     run's fresh init: FFGG's clients are stateless and start w from the module's init)."""
     import torch
 
-    from rayfl.engine.checkpoint import load_checkpoint
+    from rayfl.engine.checkpoint import load_checkpoint, resolver_named
     from rayfl.models.networks import build_model
     from rayfl.models.params import get_flat
     from rayfl.results.storage import run_manifest
@@ -51,9 +51,9 @@ def run_final_params(run_dir: Path, input_shape: tuple[int, ...], num_classes: i
     location, manifest = run_manifest(run_dir)
     config = manifest["config"]
     cfg = recorded_section("model", config["model"])
-    ckpt = load_checkpoint(location)
+    ckpt = load_checkpoint(location, resolver_named(str(config["algorithm"]["name"])))
     if ckpt is None:
-        raise ConfigError("model.init_from", f"{run_dir} has no checkpoint.pkl (set output.checkpoint_every to divide run.rounds)")
+        raise ConfigError("model.init_from", f"{run_dir} has no checkpoint (set output.checkpoint_every to divide run.rounds)")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(int(config["run"]["seed"]), "model.init"))
         model = build_model(cfg, input_shape, num_classes)

@@ -112,7 +112,7 @@ def run_plan(plan: Plan, out: str, overrides: list[str], jobs: Path = JOBS, log=
             if r.after is not None:
                 sets.append(f"model.init_from={dirs[r.after]}")
             cfg = load_config(job_file(plan.dataset, r.stage, jobs), sets)
-            cfg.output.checkpoint_every = cfg.run.rounds  # the final model lands in checkpoint.pkl
+            cfg.output.checkpoint_every = cfg.run.rounds  # the final model lands in checkpoint.npz
             cfg.validate()
             if started is None:
                 started = init_ray(cfg)
