@@ -340,8 +340,8 @@ class Federation:
             bud = {c: budgets[c] for c in hids} if budgets is not None else None
             mine = {c: tasks[c] for c in hids}
             presum = {key: (e, {tasks[c]: float(w[c]) for c in hids if c in w}) for key, (e, w) in expected.items()}
-            return self.hosts[h].run.remote(fn, hids, round, payload_ref, sub, bud, mine, self.take_decisions(h), keep,
-                                            foreign[h] or None, uploads, presum or None)
+            return self.hosts[h].run_call.remote(payload_ref, (fn, hids, round, sub, bud, mine, self.take_decisions(h),
+                                                              keep, foreign[h] or None, uploads, presum or None))
 
         batches, rerun = self.on_hosts(launch, list(by_host), launched=lambda: self.hosts.count_dispatch(len(ids)))
         records = sorted((rec for batch in batches for rec in batch), key=lambda r: r["client"])

@@ -149,6 +149,14 @@ class ClientHostImpl:
     def client_ids(self) -> list[int]:
         return sorted(self.client_train)
 
+    def run_call(self, broadcast: Mapping[str, Any], call: tuple[Any, ...]) -> list[dict[str, Any]]:
+        """`run(fn, client_ids, round, broadcast, *rest)` with `call = (fn, client_ids, round,
+        *rest)`: the driver's round call as one argument beside the shared payload. Ray
+        serializes each argument of a call on its own, so one tuple instead of eleven saves the
+        driver ~0.1 ms of CPU per host and round (rayfl bench driver)."""
+        fn, client_ids, round, *rest = call
+        return self.run(fn, client_ids, round, broadcast, *rest)
+
     def run(
         self,
         fn: ClientFn,
