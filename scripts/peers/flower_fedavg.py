@@ -22,15 +22,6 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.simulation import run_simulation
 from shared_workload import Workload, accuracy, arguments, build_model, load_workload, now, report
 
-_LOADED: dict[str, Workload] = {}  # each Ray worker reads the .npz once
-
-
-def workload_at(path: str) -> Workload:
-    if path not in _LOADED:
-        _LOADED[path] = load_workload(Path(path))
-    return _LOADED[path]
-
-
 client_app = ClientApp()
 
 
@@ -39,7 +30,9 @@ def train(msg: Message, context: Context) -> Message:
     """One client's local epochs of minibatch SGD from the global model it was sent."""
     torch.set_num_threads(1)
     config = msg.content["config"]
-    w = workload_at(str(config["data"]))
+    # cached in shared_workload, which each Ray worker imports once (this script's own globals
+    # travel by value with every call)
+    w = load_workload(Path(str(config["data"])))
     cid = int(context.node_config["partition-id"])
     x, y = (torch.from_numpy(a) for a in w.client(cid))
     model = build_model(w)

@@ -6,6 +6,7 @@ own virtual environment, where rayfl is not installed."""
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -47,7 +48,10 @@ class Workload:
             raise AttributeError(key) from None
 
 
+@functools.cache
 def load_workload(path: Path) -> Workload:
+    """The workload at `path`, read once per process: a simulator that runs many clients in
+    one worker process reads the arrays once, as rayfl's hosts map them once."""
     with np.load(path) as z:
         arrays = {k: z[k] for k in ("train_x", "train_y", "offsets", "test_x", "test_y", "initial")}
     return Workload(**arrays, settings=json.loads(Path(path).with_suffix(".json").read_text()))
