@@ -31,10 +31,10 @@ PEERS = Path(__file__).resolve().parent / "peers"
 RUNNERS = {"pfl-research": PEERS / "pfl_fedavg.py", "flower": PEERS / "flower_fedavg.py"}
 FAIRNESS = (
     "the same arrays (rayfl's dataset exported to .npz), the same MLP from the same initial weights, "
-    "the same clients per round, local epochs, batch size and learning rate; each system its own "
-    "client sampling; every system on the same cores: the loop on 1 torch thread (rayfl bench's "
-    "reference), rayfl with its defaults (one host per core, 1 thread each), pfl in one process with a "
-    "torch thread per core, Flower with one client per core at a time, 1 thread each"
+    "the same clients per round, local epochs, batch size and learning rate (each system samples its "
+    "clients itself), on the same 2 cores: the loop on 1 torch thread (rayfl bench's reference), rayfl "
+    "with its defaults (a host per core, 1 torch thread each), pfl-research in its one simulating "
+    "process on 1 torch thread, Flower running one client per core at a time, 1 torch thread each"
 )
 
 
