@@ -84,3 +84,17 @@ def test_a_runner_times_rounds_as_the_bench_does() -> None:
     seconds, median = shared.seconds_per_round([0.0, 5.0, 6.0, 8.0, 9.0], 20.0)
     assert seconds == [5.0, 1.0, 2.0, 1.0, 11.0]
     assert median == 1.0  # rounds 1..3: round 0 holds the start, the last round the evaluation
+
+
+def test_a_bench_result_names_the_commit_and_machine_it_measured(tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    from rayfl.bench.common import write_result
+
+    write_result(tmp_path / "r.json", {"seconds": 1.0})
+    recorded = json.loads((tmp_path / "r.json").read_text())["provenance"]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
+    assert recorded["commit"] == head.stdout.strip()[:7]
+    assert recorded["cpus"] >= 1 and recorded["processor"] and len(recorded["date"]) == 10
+    assert isinstance(recorded["uncommitted_changes"], bool)
