@@ -90,9 +90,44 @@ def steady(per_round: Sequence[float], skip_first: int = 1, skip_last: int = 0) 
     return kept if len(kept) else arr
 
 
+def processor_name() -> str:
+    """The CPU's model name (platform.processor() is empty on Linux)."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def provenance() -> dict[str, Any]:
+    """What a figure needs beside it to be read at all: the commit of the code measured (and
+    whether the checkout had uncommitted changes), the machine, the date and its load."""
+    import os
+    import subprocess
+    import time
+
+    from rayfl.results.writer import git_revision
+
+    rev = git_revision()
+    here = Path(__file__).resolve().parent
+    try:
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", str(here.parent)], cwd=here,
+                                    capture_output=True, text=True, timeout=10, check=False).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        dirty = None
+    return {"commit": rev[:7] if rev else None, "uncommitted_changes": dirty, "date": time.strftime("%Y-%m-%d"),
+            "cpus": os.cpu_count(), "processor": processor_name(), "load_average": load_average()}
+
+
 def write_result(out: Path, summary: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> None:
-    """`out` (JSON) and, with rows, `out` with suffix .parquet (one row per measured run)."""
+    """`out` (JSON, stamped with its `provenance`) and, with rows, `out` with suffix .parquet
+    (one row per measured run)."""
     out.parent.mkdir(parents=True, exist_ok=True)
+    summary = {**summary, "provenance": summary.get("provenance") or provenance()}
     out.write_text(json.dumps(summary, indent=2, default=jsonable))
     if rows is not None:
         pd.DataFrame(rows).to_parquet(out.with_suffix(".parquet"))

@@ -24,7 +24,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from rayfl.bench.common import PeakMemory, load_average, round_seconds, steady, write_result
+from rayfl.bench.common import (
+    PeakMemory,
+    load_average,
+    processor_name,
+    round_seconds,
+    steady,
+    write_result,
+)
 from rayfl.bench.reference import run_reference_loop
 from rayfl.bench.workloads import workload, workload_config
 from rayfl.engine.resources import available_cpus
@@ -147,17 +154,6 @@ def run_fedavg_bench(
     }
     write_result(out, summary, rows)
     return summary
-
-
-def processor_name() -> str:
-    """The CPU's model name (platform.processor() is empty on Linux)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def device_overrides(device: str, hosts: int) -> list[str]:

@@ -1,6 +1,6 @@
 """Starting and stopping the Ray that a run brings up itself, as fast as Ray allows.
 
-On 2 cores a short run's start was mostly Ray's own (docs/benchmarks.md, "startup"): CPU-bound,
+On 2 cores a short run's start was mostly Ray's own (docs/explanation/engine-speed.md, "A run's start"): CPU-bound,
 and serial with the driver's own work. Now:
 
 - **Fewer processes.** The head runs without the API server and the autoscaler monitor that

@@ -1,7 +1,7 @@
 """Warm hosts that outlive a run, on a Ray that outlives runs.
 
 A run that starts its own Ray spends most of its start-up on Ray's processes and on each host
-importing torch and rayfl (docs/benchmarks.md, startup). Joining a running head
+importing torch and rayfl (docs/explanation/engine-speed.md, "A run's start"). Joining a running head
 (`ray start --head`) removes the first; `rayfl pool start` removes the second: it leaves host
 processes on that head that have already imported everything. A run that joins the head
 (engine.address / RAY_ADDRESS, `engine.pool: auto`) leases them instead of starting its own

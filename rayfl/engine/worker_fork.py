@@ -27,7 +27,7 @@ thread (jemalloc handles fork), and OpenBLAS is held to one thread (its pool wou
 a fork); torch's and Ray's own threads start in the worker, after the fork. CUDA is never
 initialised here (a driver that has initialised it is not forked), so each worker initialises it
 itself: hosts sharing a GPU in forked workers gave the same tables as exec'd ones on an H200
-(docs/benchmarks.md, "startup"). Forked from the driver, the server keeps none of the driver's threads (a fork
+(docs/explanation/engine-speed.md, "A run's start"). Forked from the driver, the server keeps none of the driver's threads (a fork
 copies only the calling one) and closes every file the driver had open but its listener and
 stderr: the head's pipes must see the driver's end alone."""
 

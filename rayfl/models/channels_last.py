@@ -5,7 +5,7 @@ and the element-wise layers, max-pooling and GroupNorm after them keep it. In th
 layout max-pooling alone took 2.8 ms of a FEMNIST CNN step on one thread, 0.4 ms channels-last
 with its backward; a ResNet-18-GN step (width 16, batch 32) took 61 ms against 44
 (`scripts/profile_step.py`, AMD EPYC, 2026-11-28). Whole rounds ran 1.1-1.2x faster
-(docs/benchmarks.md).
+(docs/explanation/engine-speed.md).
 
 The parameters stay one flat vector in NCHW order, which is what the driver, aggregation and
 checkpoints read. Each convolution weight trains in a channels-last buffer of its own: it is
