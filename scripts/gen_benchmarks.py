@@ -133,6 +133,21 @@ hosts, with the population generated on demand (`data.lazy: true`). Seconds per 
 median of rounds 1..9; peak RSS is the driver's plus every Ray process it started.
 """
 
+DRIVER_TEXT = """\
+## driver
+
+```
+rayfl bench driver --hosts 2,4,8,16,32 --rounds 40
+```
+
+The driver's own CPU time per synchronous round as the hosts grow: FedAvg on digits with a
+linear model and one local step of 4 samples, 4 clients per host, each host a fractional-CPU
+actor (2 CPUs / hosts), each host count in its own process. CPU seconds are the driver
+process's, every thread (Python and Ray's core worker), median of the rounds after the third.
+Per host and round the driver makes one call and reads one answer, and handles four clients'
+results and table rows; the marginal figure is the slope of a line fitted over all counts.
+"""
+
 NOT_HERE = """\
 ## Benches without a committed result
 
@@ -280,6 +295,16 @@ def scale_section(result: dict[str, Any]) -> str:
     return f"{SCALE_TEXT}\n{body}\n\n{caption(f'{CPU}/scale.json', result)}\n"
 
 
+def driver_section(result: dict[str, Any]) -> str:
+    rows = [[str(r["hosts"]), f"{r['driver_cpu_ms_per_round']:.1f} ms", f"{r['driver_cpu_ms_per_host_per_round']:.2f} ms",
+             f"{r['wall_ms_per_round']:.0f} ms"] for r in result["curve"]]
+    body = table(("hosts", "driver CPU a round", "per host", "wall a round"), rows)
+    fit = (f"One more host costs the driver {result['marginal_driver_cpu_ms_per_host']:.2f} ms of CPU a round "
+           f"(fixed part {result['fixed_driver_cpu_ms_per_round']:.1f} ms; target "
+           f"{result['target_ms_per_host_per_round']} ms per host).")
+    return f"{DRIVER_TEXT}\n{body}\n\n{fit}\n\n{caption(f'{CPU}/driver.json', result)}\n"
+
+
 def render() -> str:
     sections = [INTRO]
     if peers := load(f"{CPU}/peers.json"):
@@ -289,6 +314,8 @@ def render() -> str:
                                  f"{GPU}/fedprox-mlp-cuda.json"]))
     if result := load(f"{CPU}/scale.json"):
         sections.append(scale_section(result))
+    if result := load(f"{CPU}/driver.json"):
+        sections.append(driver_section(result))
     if result := load(f"{CPU}/async.json"):
         sections.append(async_section(result))
     if result := load(f"{CPU}/sweep.json"):
