@@ -5,6 +5,7 @@ when the caller says it trusts the run directory."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import pickle
@@ -121,6 +122,8 @@ def test_what_a_client_state_cannot_hold_is_named_by_its_key(state: dict[str, An
     {"$": "function", "name": "os:system"},
     {"$": "function", "name": "rayfl.engine.checkpoint:os.system"},  # through a rayfl module's import
     {"$": "dataclass", "class": "rayfl.engine.checkpoint:Checkpoint.__init__", "fields": {}},
+    {"$": "dataclass", "class": "rayfl.engine.checkpoint:Checkpoint",  # an allowed class, but __class__ set too
+     "fields": {**{f.name: 0 for f in dataclasses.fields(Checkpoint)}, "__class__": 0}},
 ])
 def test_a_name_outside_the_runs_own_code_is_refused(node: dict[str, Any]) -> None:
     with pytest.raises(UnreadableState):

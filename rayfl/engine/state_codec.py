@@ -264,6 +264,8 @@ def _rebuild(cls: type, values: dict[str, Any]) -> Any:
     missing = known - set(values)
     if missing:
         raise UnreadableState(f"{cls.__qualname__} without {sorted(missing)}")
+    if any(not isinstance(k, str) or k.startswith("__") for k in values):  # never __class__, __dict__, ...
+        raise UnreadableState(f"{cls.__qualname__} with an attribute that is not data")
     obj = object.__new__(cls)
     for k, v in values.items():
         object.__setattr__(obj, k, v)
