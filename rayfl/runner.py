@@ -30,7 +30,13 @@ from rayfl.data.stored import STORED_FILE, dataset_bytes, dataset_from_bytes
 from rayfl.driver import drive
 from rayfl.engine import Federation
 from rayfl.engine.checkpoint import Checkpoint, load_checkpoint, resolver_for
-from rayfl.engine.local_ray import discard_head, start_local_ray, stop_ray, unreachable
+from rayfl.engine.local_ray import (
+    discard_head,
+    refuses_without_token,
+    start_local_ray,
+    stop_ray,
+    unreachable,
+)
 from rayfl.engine.placement import Placement
 from rayfl.engine.resources import check_cluster, check_local_cluster
 from rayfl.progress import mark
@@ -96,12 +102,14 @@ def init_ray(cfg: Config) -> bool:
     if (joined := check_address(cfg)) is not None:
         field, address = joined
         discard_head()  # started early for a local run; the config names a Ray to join instead
+        hint = ("a head with token auth needs RAY_AUTH_MODE=token and its token: `ray get-auth-token` on the "
+                "head's machine prints it, give it here as RAY_AUTH_TOKEN or in ~/.ray/auth_token")
+        if refuses_without_token(address):
+            raise ConfigError(field, f"cannot join the Ray at {address!r}: it requires a token; {hint}")
         try:
             ray.init(address=address, **kwargs)
         except ConnectionError as e:  # its token auth refused us, or it went away meanwhile
-            hint = ("; a head with token auth needs RAY_AUTH_MODE=token and its token: `ray get-auth-token` on the "
-                    "head's machine prints it, give it here as RAY_AUTH_TOKEN or in ~/.ray/auth_token")
-            raise ConfigError(field, f"cannot join the Ray at {address!r}{hint}: {' '.join(str(e).split())}") from None
+            raise ConfigError(field, f"cannot join the Ray at {address!r}; {hint}: {' '.join(str(e).split())}") from None
     else:
         start_local_ray(**kwargs)
     return True

@@ -86,10 +86,11 @@ def results_dir(tmp_path: Path) -> Path:
 # xdist workers of the README's command (`--dist loadfile`: a file stays on one worker) start
 # on them and finish on short files, instead of one worker running a long file alone at the end.
 LONGEST_FILES = (
-    "test_host_failures.py", "test_sweep.py", "test_resume.py", "test_cli_runs.py", "test_async.py",
+    "test_plugins.py", "test_guides.py", "test_host_failures.py", "test_sweep.py", "test_resume.py", "test_cli_runs.py", "test_async.py",
     "test_federation.py", "test_state_commits.py", "test_determinism.py", "test_user_errors.py",
     "test_remote_storage.py", "test_soak.py", "test_preaggregate.py", "test_vectorized.py", "test_scale.py",
-    "test_startup.py",
+    "test_startup.py", "test_async_driver.py", "test_docs_site.py", "test_readme_blocks.py", "test_table_rows.py",
+    "test_checkpoint_format.py", "test_quickstart_notebook.py",
 )
 
 

@@ -125,9 +125,10 @@ def provenance() -> dict[str, Any]:
 
 def write_result(out: Path, summary: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> None:
     """`out` (JSON, stamped with its `provenance`) and, with rows, `out` with suffix .parquet
-    (one row per measured run)."""
+    (one row per measured run). The stamp goes into `summary` itself, so what a bench prints
+    or returns is what the file holds."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    summary = {**summary, "provenance": summary.get("provenance") or provenance()}
+    summary["provenance"] = summary.get("provenance") or provenance()
     out.write_text(json.dumps(summary, indent=2, default=jsonable))
     if rows is not None:
         pd.DataFrame(rows).to_parquet(out.with_suffix(".parquet"))

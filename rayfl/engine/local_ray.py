@@ -258,6 +258,26 @@ def unreachable(address: str, timeout: float = 3.0) -> str | None:
         return f"nothing answers at {address} ({e.strerror or e}); is a head running there (`ray start --head`)?"
 
 
+def refuses_without_token(address: str, timeout: float = 5.0) -> bool:
+    """Whether the Ray at a `host:port` address has token auth on while this process would
+    join it without a token (RAY_AUTH_MODE is not "token"): one gRPC call to its GCS without
+    the token, answered UNAUTHENTICATED at once, where `ray.init` retries for ~20 s first."""
+    if os.environ.get(AUTH_MODE_ENV, "").strip().lower() == "token" or "://" in address or ":" not in address:
+        return False
+    try:
+        import grpc
+        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+    except ImportError:  # a Ray without these modules: let ray.init say it
+        return False
+    with grpc.insecure_channel(address) as channel:
+        try:
+            gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetAllNodeInfo(
+                gcs_service_pb2.GetAllNodeInfoRequest(), timeout=timeout)
+        except grpc.RpcError as e:
+            return e.code() == grpc.StatusCode.UNAUTHENTICATED
+    return False
+
+
 def stop_ray() -> None:
     """Disconnect from Ray, and stop the local head this process started, if any."""
     import ray
