@@ -45,20 +45,19 @@ def assert_same(a, b) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_asynchronous_runs_equal_on_hosts_resume_and_failures(ray_local, results_dir, name):
-    """One host against two, and against two whose hosts are killed mid-run in a run stopped by
-    SIGTERM and resumed (FFGG's personal evaluation then meets a killed host while the pool
-    holds tasks there; the guide's FedAvgM is run the same way in tests/test_plugins.py)."""
+    """One host against two whose hosts are killed mid-run, in a run stopped by SIGTERM and
+    resumed: the host count, host failures and the resume all at once, none of which may change
+    a bit (FFGG's personal evaluation then meets a killed host while the pool holds tasks
+    there; the guide's FedAvgM is run the same way in tests/test_plugins.py)."""
     extra = [*ALGORITHMS[name], "run.rounds=8", "output.checkpoint_every=3"]
     one = load(run_experiment(job(results_dir, f"{name}-one", *extra, "engine.num_hosts=1")).run_dir)
-    two = load(run_experiment(job(results_dir, f"{name}-two", *extra, "engine.num_hosts=2")).run_dir)
     with pytest.raises(RunInterrupted):
         run_experiment(job(results_dir, f"{name}-stopped", *extra, "engine.num_hosts=2", "engine.kill_host_every=9"),
                        on_start=sigterm_after(4))
     resumed = load(resume_experiment(results_dir / "default" / f"{name}-stopped").run_dir)
     assert len(one.rounds) == 8 and one.rounds["staleness_mean"].max() > 0  # it really ran asynchronously
     assert (one.rounds["num_updates"] == 3).all() and resumed.rounds["host_failures"].sum() >= 1
-    for other in (two, resumed):
-        assert_same(one, other)
+    assert_same(one, resumed)
 
 
 def test_fedbuff_is_fedavg_under_the_asynchronous_driver(ray_local, results_dir):

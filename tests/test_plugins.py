@@ -221,14 +221,13 @@ ASYNC_FEDAVGM = ("algorithm.name=myfl.fedavgm:FedAvgM", "algorithm.beta=0.5", "a
 
 @pytest.mark.slow
 def test_the_users_fedavgm_runs_asynchronously_like_a_built_in(package: Path) -> None:
-    """The guide's FedAvgM under the asynchronous driver: 1 and 2 hosts, and a run whose hosts
-    are killed, stopped by SIGTERM and resumed, give the same tables."""
+    """The guide's FedAvgM under the asynchronous driver: 1 host, and 2 hosts that are killed
+    in a run stopped by SIGTERM and resumed, give the same tables."""
     from test_host_failures import comparable
 
     out = package / "async"
     common = sets(*ASYNC_FEDAVGM, f"output.dir={out}")
     run_ok("run", "job.yaml", "--quiet", *common, *sets("engine.num_hosts=1", "run.run_id=one"), cwd=package)
-    run_ok("run", "job.yaml", "--quiet", *common, *sets("engine.num_hosts=2", "run.run_id=two"), cwd=package)
     run_dir = out / "fednova_femnist" / "stopped"
     stop = subprocess.run([str(BIN / "python"), "-c", SIGTERM_AT_ROUND.format(round=4), "job.yaml", *common,
                            *sets("engine.num_hosts=2", "run.run_id=stopped", "engine.kill_host_every=7")],
@@ -236,11 +235,10 @@ def test_the_users_fedavgm_runs_asynchronously_like_a_built_in(package: Path) ->
     assert stop.returncode == 130, stop.stderr[-3000:]
     assert load(run_dir).rounds["round"].max() == 4
     run_ok("resume", str(run_dir), "--quiet", cwd=package)
-    one, two, resumed = (load(out / "fednova_femnist" / r) for r in ("one", "two", "stopped"))
+    one, resumed = (load(out / "fednova_femnist" / r) for r in ("one", "stopped"))
     assert resumed.rounds["host_failures"].sum() >= 1 and len(one.rounds) == 8 and one.rounds["staleness_mean"].max() > 0
-    for other in (two, resumed):
-        for table in ("rounds", "clients", "evals"):
-            pd.testing.assert_frame_equal(comparable(getattr(one, table)), comparable(getattr(other, table)), check_like=True)
+    for table in ("rounds", "clients", "evals"):
+        pd.testing.assert_frame_equal(comparable(getattr(one, table)), comparable(getattr(resumed, table)), check_like=True)
 
 
 # `rayfl run` in a process that sends itself SIGTERM right after a given round is logged
@@ -541,7 +539,6 @@ def test_the_round_pipeline_applies_to_the_users_algorithm(package: Path, pipeli
     out = package / f"pipeline-{pipeline[0].split('.')[0]}"
     common = sets(f"output.dir={out}", "engine.num_cpus_per_host=0.5", "engine.max_restarts=10", *pipeline)
     run_ok("run", "job.yaml", "--quiet", *common, *sets("engine.num_hosts=1", "run.run_id=one"), cwd=package)
-    run_ok("run", "job.yaml", "--quiet", *common, *sets("engine.num_hosts=2", "run.run_id=two"), cwd=package)
     run_ok("run", "job.yaml", "--quiet", *common, *sets("engine.num_hosts=2", "run.run_id=killed", "engine.kill_host_every=7"),
            cwd=package)
     one, two, hurt = (load(out / "fednova_femnist" / r) for r in ("one", "two", "killed"))
