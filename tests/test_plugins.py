@@ -539,6 +539,7 @@ def test_the_round_pipeline_applies_to_the_users_algorithm(package: Path, pipeli
     out = package / f"pipeline-{pipeline[0].split('.')[0]}"
     common = sets(f"output.dir={out}", "engine.num_cpus_per_host=0.5", "engine.max_restarts=10", *pipeline)
     run_ok("run", "job.yaml", "--quiet", *common, *sets("engine.num_hosts=1", "run.run_id=one"), cwd=package)
+    run_ok("run", "job.yaml", "--quiet", *common, *sets("engine.num_hosts=2", "run.run_id=two"), cwd=package)
     run_ok("run", "job.yaml", "--quiet", *common, *sets("engine.num_hosts=2", "run.run_id=killed", "engine.kill_host_every=7"),
            cwd=package)
     one, two, hurt = (load(out / "fednova_femnist" / r) for r in ("one", "two", "killed"))
