@@ -140,3 +140,17 @@ def jsonable(v: Any) -> Any:
     if isinstance(v, np.ndarray):
         return v.tolist()
     raise TypeError(type(v))
+
+
+def measure_each_in_process(module: str, flag: str, values: Sequence[int], out: Path, *args: str) -> list[dict[str, Any]]:
+    """`python -m module --flag v --out <out>_<v>.json *args` for each value, one fresh process
+    each (so one size's memory and Ray processes never count towards the next); their results."""
+    import subprocess
+    import sys
+
+    rows = []
+    for v in values:
+        part = out.with_name(f"{out.stem}_{v}.json")
+        subprocess.run([sys.executable, "-m", module, flag, str(v), "--out", str(part), *args], check=True)
+        rows.append(json.loads(part.read_text()))
+    return rows

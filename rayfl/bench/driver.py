@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from rayfl.bench.common import load_average, write_result
+from rayfl.bench.common import load_average, measure_each_in_process, write_result
 from rayfl.callbacks.base import Callback
 
 CLIENTS_PER_HOST = 4  # clients of a round on each host: a call per host per round, as on a cluster
@@ -91,12 +89,7 @@ def measure_one(hosts: int, rounds: int, out: Path) -> dict[str, Any]:
 
 def run_driver_bench(hosts: Sequence[int], rounds: int, out: Path) -> dict[str, Any]:
     """Every host count in its own process; write `out` (JSON) and `out`.parquet."""
-    rows = []
-    for n in hosts:
-        part = out.with_name(f"{out.stem}_{n}.json")
-        subprocess.run([sys.executable, "-m", "rayfl.bench.driver", "--hosts", str(n), "--rounds", str(rounds),
-                        "--out", str(part)], check=True)
-        rows.append(json.loads(part.read_text()))
+    rows = measure_each_in_process("rayfl.bench.driver", "--hosts", hosts, out, "--rounds", str(rounds))
     x = np.array([r["hosts"] for r in rows], float)
     y = np.array([r["driver_cpu_ms_per_round"] for r in rows], float)
     slope, intercept = np.polyfit(x, y, 1) if len(rows) > 1 else (float("nan"), float("nan"))

@@ -14,10 +14,7 @@ are not comparable)."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,7 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from rayfl.bench.common import PeakMemory, round_seconds, steady, write_result
+from rayfl.bench.common import (
+    PeakMemory,
+    measure_each_in_process,
+    round_seconds,
+    steady,
+    write_result,
+)
 
 JOB = Path(__file__).resolve().parents[2] / "jobs" / "scale_10k.yaml"
 
@@ -41,15 +44,9 @@ def run_scale_bench(
     """Measure every population size in `clients`, each in its own process; write `out` (JSON
     summary) and `out`.parquet (one row per size)."""
     counts = [clients] if isinstance(clients, int) else list(clients)
-    rows = []
-    for n in counts:
-        part = out.with_name(f"{out.stem}_{n}.json")
-        cmd = [sys.executable, "-c", "import sys; from rayfl.bench.scale import main; main(sys.argv[1:])",
-               "--clients", str(n), "--per-round", str(per_round), "--rounds", str(rounds), "--out", str(part)]
-        cmd += ["--job", str(job)] if job else []
-        cmd += ["--eager"] if eager else []
-        subprocess.run(cmd, check=True)
-        rows.append(json.loads(part.read_text()))
+    rows = measure_each_in_process("rayfl.bench.scale", "--clients", counts, out, "--per-round", str(per_round),
+                                   "--rounds", str(rounds), *(["--job", str(job)] if job else []),
+                                   *(["--eager"] if eager else []))
     base = rows[0]["seconds_per_round_median"]
     for row in rows:
         row["seconds_per_round_vs_first"] = round(row["seconds_per_round_median"] / base, 3) if base else None
