@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import functools
 import importlib
 import inspect
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from rayfl.config_reference import comment_above, module_tree
 from rayfl.docstrings import literal_names, parse, to_markdown
 
 COMMAND = "python -m rayfl.api_reference > docs/reference/api.md"
@@ -83,16 +82,10 @@ SECTIONS = (
 # --------------------------------------------------------------------------- the source
 
 
-@functools.cache
-def _tree(path: str) -> tuple[ast.Module, tuple[str, ...]]:
-    source = Path(path).read_text()
-    return ast.parse(source), tuple(source.splitlines())
-
-
 def source_node(obj: Any) -> tuple[ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef, tuple[str, ...]]:
     """The `class` or `def` statement of `obj` in its module, found by its qualified name."""
     target = inspect.unwrap(obj)
-    tree, lines = _tree(inspect.getsourcefile(target) or "")
+    tree, lines = module_tree(inspect.getsourcefile(target) or "")
     body: list[ast.stmt] = tree.body
     node: Any = None
     for part in target.__qualname__.split("."):
@@ -104,12 +97,8 @@ def source_node(obj: Any) -> tuple[ast.ClassDef | ast.FunctionDef | ast.AsyncFun
 
 def comment_of(stmt: ast.stmt, lines: tuple[str, ...]) -> str:
     """The `#` comment lines directly above a statement, else the comment at the end of its line."""
-    text, row = [], stmt.lineno - 2
-    while row >= 0 and lines[row].strip().startswith("#"):
-        text.append(lines[row].strip().lstrip("#").strip())
-        row -= 1
-    if text:
-        return " ".join(reversed(text))
+    if above := comment_above(stmt, lines):
+        return above
     last = lines[(stmt.end_lineno or stmt.lineno) - 1]
     code, hash_, after = last.partition("  #")
     return after.strip() if hash_ and code.strip() else ""

@@ -53,9 +53,21 @@ class Key:
 
 
 @functools.cache
-def _module_tree(path: str) -> tuple[ast.Module, tuple[str, ...]]:
+@functools.cache
+def module_tree(path: str) -> tuple[ast.Module, tuple[str, ...]]:
+    """A source file's syntax tree and lines (also rayfl.api_reference's)."""
     source = Path(path).read_text()
     return ast.parse(source), tuple(source.splitlines())
+
+
+def comment_above(stmt: ast.stmt, lines: tuple[str, ...]) -> str:
+    """The `#` comment lines directly above a statement, joined into one line ("" for none)."""
+    text = []
+    row = stmt.lineno - 2  # the line above, 0-based
+    while row >= 0 and lines[row].strip().startswith("#"):
+        text.append(lines[row].strip().lstrip("#").strip())
+        row -= 1
+    return " ".join(reversed(text)).strip()
 
 
 def _class_node(cls: type) -> tuple[ast.ClassDef, tuple[str, ...]] | None:
@@ -66,7 +78,7 @@ def _class_node(cls: type) -> tuple[ast.ClassDef, tuple[str, ...]] | None:
         return None
     if path is None:
         return None
-    tree, lines = _module_tree(path)
+    tree, lines = module_tree(path)
     body: list[ast.stmt] = tree.body
     node = None
     for part in cls.__qualname__.split("."):
@@ -88,12 +100,7 @@ def comments_above_fields(cls: type) -> dict[str, str]:
     for stmt in node.body:
         if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
             continue
-        text = []
-        row = stmt.lineno - 2  # the line above, 0-based
-        while row >= 0 and lines[row].strip().startswith("#"):
-            text.append(lines[row].strip().lstrip("#").strip())
-            row -= 1
-        out[stmt.target.id] = " ".join(reversed(text)).strip()
+        out[stmt.target.id] = comment_above(stmt, lines)
     return out
 
 
