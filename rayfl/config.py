@@ -511,11 +511,13 @@ def constant(value: float) -> Distribution:
 
 @dataclass
 class Tier:
-    """Explicit tier: a seeded random `fraction` of clients has its speed multiplied by
-    `speed_factor` (e.g. fraction 0.1, speed_factor 0.1: 10% of clients are 10x slower)."""
+    """Explicit tier: each client falls in it with probability `fraction` and has its speed
+    multiplied by `speed_factor` (e.g. fraction 0.1, speed_factor 0.1: about 10% of clients are
+    10x slower)."""
 
-    # The fraction of clients in this tier, in [0, 1] (a seeded random subset, disjoint from the
-    # other tiers'; all tiers' at most 1 together).
+    # The probability that a client is in this tier, in [0, 1] (from the client's own seeded draw,
+    # so a tier is about this fraction of any population, disjoint from the other tiers'; all tiers'
+    # at most 1 together).
     fraction: float = 0.1
     # The tier's speed multiplier (> 0): 0.1 makes its clients 10x slower.
     speed_factor: float = 0.1

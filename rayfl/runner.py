@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from rayfl.callbacks.base import Callback
 from rayfl.config import Config, ConfigError, absolute_local_paths, config_from_manifest
 from rayfl.data import FederatedDataset, build_federated_dataset
@@ -196,7 +194,13 @@ def check_privacy_budget(cfg: Config, dataset: FederatedDataset) -> None:
     if cfg.privacy.on:
         from rayfl.pipeline.server import resolve_noise
 
-        resolve_noise(cfg, int(np.count_nonzero(dataset.client_sizes() > 0)))
+        resolve_noise(cfg, int(dataset.num_trainable))
+
+
+def train_samples(dataset: Any) -> int | None:
+    """The dataset's training rows; a lazy population counts its own (None where counting
+    would cost seconds before the first round)."""
+    return dataset.train_samples if hasattr(dataset, "train_samples") else int(len(dataset.train_y))
 
 
 def check_dataset_object(dataset: Any) -> None:
@@ -237,7 +241,7 @@ def run_experiment(
             "dataset": {
                 "name": dataset.name,
                 "num_clients": dataset.num_clients,
-                "train_samples": int(getattr(dataset, "train_samples", len(dataset.train_y))),  # lazy: no rows held
+                "train_samples": train_samples(dataset),
                 "test_samples": int(len(dataset.test_y)),
                 "server_samples": 0 if dataset.server_train is None else int(len(dataset.server_train)),
                 "empty_clients": [int(c) for c in dataset.empty_clients()],

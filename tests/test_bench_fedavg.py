@@ -20,9 +20,11 @@ from rayfl.bench.fedavg import workload_config
 from rayfl.bench.reference import initial_params, run_reference_loop, sample_clients
 from rayfl.cli import build_parser
 from rayfl.data import build_federated_dataset
+from rayfl.engine.clock import SimClock
 from rayfl.engine.federation import Federation
 from rayfl.engine.host import ClientHostImpl
-from rayfl.rng import numpy_rng
+from rayfl.engine.population import Population
+from rayfl.engine.system import SystemModel
 
 SMALL = ["partition.num_clients=8", "algorithm.clients_per_round=3", "data.features=20",
          "data.min_client_samples=13", "data.max_client_samples=40", "data.size_sigma=1.0",
@@ -80,9 +82,9 @@ def test_reference_initial_model_and_sampling_are_the_federations(small):
     fake = SimpleNamespace(seed=cfg.run.seed, cfg=cfg, dataset=ds)
     np.testing.assert_array_equal(initial_params(cfg, ds), Federation.initial_params(fake))
     sizes = ds.client_sizes()
+    population = Population(cfg, ds, SystemModel(cfg.system, ds.num_clients, 1.0, cfg.run.seed), SimClock())
     for r in range(3):  # Federation.sample's draw, with every client always online
-        expect = sorted(int(c) for c in numpy_rng(cfg.run.seed, "sample", r).choice(np.flatnonzero(sizes > 0), 3, replace=False))
-        assert sample_clients(cfg.run.seed, r, sizes, 3) == expect
+        assert sample_clients(cfg.run.seed, r, sizes, 3) == population.sample(r, 3)
 
 
 def test_steady_drops_warm_up_and_evaluation_rounds():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -77,7 +78,8 @@ def test_mlp_policies_are_identical_on_1_and_3_hosts(ray_local, results_dir, cas
     elif case == "deadline-partial":  # some stopped local work early and still counted
         truncated = clients[clients["truncated"]]
         assert len(truncated) > 0 and (truncated["outcome"] == "ok").all()
-        assert (truncated["local_steps"] < clients.loc[~clients["truncated"], "local_steps"].max()).all()
+        full_epoch = np.ceil(truncated["num_samples"] / 16)  # local_epochs 1, batch_size 16
+        assert (truncated["local_steps"] < full_epoch).all()
         assert (clients["finish_time"] - clients["dispatch_time"] <= 0.3 + 1e-9).all()
     else:  # 9 selected per round (ceil(1.5 * 6)), the first 6 to finish kept, the rest cut as late
         per_round = clients.groupby("round")["outcome"].value_counts().unstack(fill_value=0)

@@ -35,8 +35,15 @@ from rayfl.models import build_model
 def test_placement_auto_packs_one_host_per_cpu():
     p = plan_placement(EngineConfig(), 10_000, {"CPU": 2.0})
     assert p.num_hosts == 2
-    assert sorted(np.concatenate(p.assignment).tolist()) == list(range(10_000))
-    assert p.host_of()[9_999] == 1
+    assert p.assignment == [range(0, 5_000), range(5_000, 10_000)]  # contiguous blocks, no id arrays
+    assert p.host_of(9_999) == 1 and p.host_of(4_999) == 0 and p.host_of(5_000) == 1
+    uneven = plan_placement(EngineConfig(num_hosts=3), 10, {"CPU": 2.0})
+    assert [list(r) for r in uneven.assignment] == [a.tolist() for a in np.array_split(np.arange(10), 3)]
+    assert [uneven.host_of(c) for c in range(10)] == [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
+    with pytest.raises(IndexError):
+        uneven.host_of(10)
+    billion = plan_placement(EngineConfig(num_hosts=32), 10**9, {"CPU": 2.0})
+    assert billion.num_clients == 10**9 and billion.host_of(10**9 - 1) == 31
 
 
 def test_placement_one_actor_per_client_and_gpu_shares():
@@ -163,9 +170,10 @@ def test_system_model_charges_work_bytes_and_latency():
     assert t.total == pytest.approx(t.compute + 3.5)
     lognormal = SystemConfig(speed=Distribution("lognormal", 1e9, sigma=1.0))
     slow = SystemModel(lognormal, 1000, 1.0, seed=5)
-    assert np.median(slow.speed) == pytest.approx(1e9, rel=0.15)
-    assert np.array_equal(slow.speed, SystemModel(lognormal, 1000, 1.0, seed=5).speed)
-    assert not np.array_equal(slow.speed, SystemModel(lognormal, 1000, 1.0, seed=6).speed)
+    every = range(1000)
+    assert np.median(slow.speed.of(every)) == pytest.approx(1e9, rel=0.15)
+    assert np.array_equal(slow.speed.of(every), SystemModel(lognormal, 1000, 1.0, seed=5).speed.of(every))
+    assert not np.array_equal(slow.speed.of(every), SystemModel(lognormal, 1000, 1.0, seed=6).speed.of(every))
 
 
 def test_forward_flops_counts_linear_layers():

@@ -1,13 +1,11 @@
-"""A million registered clients: a lazily generated population (rayfl.data.lazy) serves each
-client's rows on demand, the driver's sampling is vectorised and picks the same clients as the
-old per-client loop, the driver and hosts hold no per-client objects over the population, and
-a lazy run is identical on 1 and 2 hosts."""
+"""Large populations: a lazily generated population (rayfl.data.lazy) makes each client's size
+and rows on demand, the driver and hosts hold no per-client objects over the population, and a
+lazy run is identical on 1 and 2 hosts. (How clients are drawn: tests/test_sampling.py.)"""
 
 from __future__ import annotations
 
 import pickle
 import tracemalloc
-import types
 from pathlib import Path
 
 import numpy as np
@@ -22,12 +20,9 @@ from rayfl.engine.clock import SimClock
 from rayfl.engine.host import ClientHostImpl
 from rayfl.engine.population import Population
 from rayfl.engine.system import (
-    Availability,
-    IntervalAvailability,
-    PeriodicAvailability,
     SystemModel,
 )
-from rayfl.rng import numpy_rng
+from rayfl.rng import client_normals, numpy_rng
 
 SMALL_CLIENTS = ["data.size_mu=2.0", "data.size_sigma=0.5", "data.min_client_samples=4",
                  "data.max_client_samples=20"]
@@ -46,17 +41,20 @@ def test_lazy_rows_depend_only_on_seed_and_client_and_the_host_serves_them():
     ds = build_federated_dataset(cfg.data, cfg.partition, 3)
     assert isinstance(ds, LazyFederatedDataset) and ds.num_clients == 40
     src = ds.source
-    sizes = lazy_sizes(cfg.data, 40, 3)
-    np.testing.assert_array_equal(src.sizes, sizes)
-    # the size law by hand: floor(lognormal(2, 0.5)) + 4, capped at 20, from one stream
-    raw = numpy_rng(3, "synthetic.lazy.sizes").lognormal(2.0, 0.5, size=40)
+    sizes = lazy_sizes(cfg.data, np.arange(40), 3)
+    # the size law by hand: floor(lognormal(2, 0.5)) + 4, capped at 20, each from (seed, client)
+    raw = np.exp(2.0 + 0.5 * client_normals(3, "synthetic.lazy.sizes", np.arange(40)))
     np.testing.assert_array_equal(sizes, np.minimum(np.floor(raw) + 4, 20).astype(np.int64))
-    assert sizes.min() >= 4 and sizes.max() == 20
-    # sizes of the first clients do not depend on the population size
-    np.testing.assert_array_equal(lazy_sizes(cfg.data, 10, 3), sizes[:10])
+    many = lazy_sizes(cfg.data, np.arange(2000), 3)
+    assert many.min() >= 4 and many.max() == 20  # the cap is reached
+    # a client's size does not depend on the population size or on which clients are asked
+    np.testing.assert_array_equal(lazy_sizes(cfg.data, np.array([9, 3]), 3), sizes[[9, 3]])
     n_train, n_test = split_clients(sizes, cfg.data.test_fraction)
-    np.testing.assert_array_equal(ds.client_sizes(), n_train)
-    assert ds.train_samples == n_train.sum() and len(ds.empty_clients()) == 0
+    np.testing.assert_array_equal(ds.client_sizes()[np.arange(40)], n_train)
+    assert ds.client_sizes()[7] == n_train[7] and len(ds.client_sizes()) == 40
+    with pytest.raises(IndexError):
+        ds.client_sizes()[np.array([3, 40])]
+    assert ds.train_samples == n_train.sum() and len(ds.empty_clients()) == 0 and ds.num_trainable == 40
     counts = ds.class_matrix("test")
     np.testing.assert_array_equal(counts.sum(axis=1), n_test)
     np.testing.assert_array_equal(counts[5], np.bincount(src.client_arrays(5)[3], minlength=ds.num_classes))
@@ -70,13 +68,13 @@ def test_lazy_rows_depend_only_on_seed_and_client_and_the_host_serves_them():
         assert a[0].dtype == np.float32 and a[1].dtype == np.int64
         assert a[1].min() >= 0 and a[1].max() < cfg.data.classes
     # a different seed is a different population
-    other = LazySynthetic(cfg.data, 4, lazy_sizes(cfg.data, 40, 4))
+    other = LazySynthetic(cfg.data, 4)
     assert not np.array_equal(other.client_arrays(0)[0][:2], src.client_arrays(0)[0][:2])
     # the global test set is the held-out rows of the first eval_clients clients
     np.testing.assert_array_equal(ds.test_y, np.concatenate([src.client_arrays(c)[3] for c in range(7)]))
     np.testing.assert_array_equal(ds.test_x, np.concatenate([src.client_arrays(c)[2] for c in range(7)]))
 
-    host = ClientHostImpl(1, src, np.arange(20, 40), None, cfg.model, ds.input_shape, ds.num_classes, 3)
+    host = ClientHostImpl(1, src, range(20, 40), None, cfg.model, ds.input_shape, ds.num_classes, 3)
     assert host.client_ids() == list(range(20, 40)) and host.info()["clients"] == 20
     for c in (20, 33, 39):
         ctx = host._context(c, 0, {})
@@ -104,7 +102,7 @@ def test_lazy_iid_labels_follow_the_shared_model():
     for c in (0, 11, 29):
         x, y, tx, ty = ds.source.client_arrays(c)
         rows, labels = np.concatenate([x, tx]).astype(np.float64), np.concatenate([y, ty])
-        assert len(labels) == ds.source.sizes[c]
+        assert len(labels) == lazy_sizes(cfg.data, np.array([c]), 5)[0]
         np.testing.assert_array_equal(labels, np.argmax(rows @ w.T + b, axis=1))
     # features ~ N(0, diag(j^-1.2)): the first feature's spread is ~1, the last's ~60^-0.6
     allx = np.concatenate([ds.source.client_arrays(c)[0] for c in range(30)])
@@ -120,6 +118,8 @@ def test_client_ids_is_a_set_without_per_client_objects():
     assert 5 in ids and 9 in ids and 4 not in ids and 10 not in ids and -1 not in ids
     assert list(ids) == [3, 5, 9] and len(ids) == 3
     assert list(ClientIds(np.array([9, 3, 5]))) == [3, 5, 9]
+    block = ClientIds(range(10**9, 2 * 10**9))  # a host's block of a billion: O(1)
+    assert np.int64(10**9) in block and 2 * 10**9 not in block and len(block) == 10**9
 
 
 @pytest.mark.parametrize(
@@ -135,64 +135,6 @@ def test_lazy_bad_configs_name_the_field(sets, field):
     with pytest.raises(ConfigError) as e:
         load_config(None, ["data.lazy=true", "partition.method=natural", *sets])
     assert e.value.key == field
-
-
-# ---------------------------------------------------------------- vectorised sampling
-
-
-def sampling_population(avail: str, n: int = 3000, policy: str = "sync") -> Population:
-    """The driver's sampling state without Ray or hosts: what `sample` and `online` read."""
-    sets = [f"partition.num_clients={n}", f"system.availability.kind={avail}", f"system.policy={policy}"]
-    if avail == "periodic":
-        sets += ["system.availability.period=100", "system.availability.online_fraction=0.3"]
-    cfg = load_config(None, sets)
-    sizes = np.full(n, 5, dtype=np.int64)
-    sizes[::7] = 0  # some clients hold nothing and are never sampled
-    dataset = types.SimpleNamespace(num_clients=n, client_sizes=lambda: sizes)
-    return Population(cfg, dataset, SystemModel(cfg.system, n, 1000.0, cfg.run.seed), SimClock())
-
-
-# Sampled by the code before vectorisation (a Python loop over every client in online_clients,
-# np.intersect1d in the candidates), same configs and seed: the same clients must come out.
-BEFORE = {
-    "always": [[375, 1360, 2223, 2306, 2570, 2739], [433, 657, 1597, 1677, 2565, 2615],
-               [1061, 1987, 2095, 2273, 2402, 2797], [277, 698, 1161, 1354, 1422, 2217]],
-    "periodic": [[342, 1292, 2253, 2309, 2588, 2756], [456, 685, 1627, 1692, 2528, 2567],
-                 [1082, 1971, 2062, 2277, 2399, 2789], [269, 664, 1098, 1273, 1340, 2217]],
-}
-
-
-@pytest.mark.parametrize("avail", list(BEFORE))
-def test_sampling_picks_the_same_clients_as_before(avail):
-    population = sampling_population(avail)
-    for r, expected in enumerate(BEFORE[avail]):
-        assert population.sample(r, 6) == expected
-        population.clock.advance_to(population.clock.now + 37.0)
-    if avail == "periodic":  # at simulated time 148 s
-        assert len(population.online()) == 915
-    assert sampling_population("always", policy="over_selection").sample(3, 5) == [276, 697, 1160, 1353, 1422, 1636, 2217]
-
-
-def loop_online(avail: Availability, n: int, t: float) -> np.ndarray:
-    """The old online_clients: ask every client."""
-    return np.array([c for c in range(n) if avail.online(c, t)], dtype=np.int64)
-
-
-def test_online_masks_equal_the_per_client_rule():
-    n = 500
-    rng = np.random.default_rng(0)
-    periodic = PeriodicAvailability(60.0, 0.25, rng.uniform(0, 60.0, size=n))
-    intervals = []
-    for c in range(n):
-        starts = np.sort(rng.uniform(0, 200, size=c % 4))
-        intervals.append(np.stack([starts, starts + rng.uniform(1, 30, size=len(starts))], axis=1) if len(starts) else np.zeros((0, 2)))
-    interval = IntervalAvailability(intervals)
-    for avail in (Availability(), periodic, interval):
-        for t in (0.0, 7.5, 59.99, 60.0, 123.4, 199.0, 250.0):
-            np.testing.assert_array_equal(np.flatnonzero(avail.online_mask(t, n)), loop_online(avail, n, t))
-    # the boundaries: online at a start, offline at an end
-    assert interval.online_mask(float(intervals[1][0, 0]), n)[1]
-    assert not interval.online_mask(float(intervals[1][0, 1]), n)[1] or interval.online(1, float(intervals[1][0, 1]))
 
 
 # ---------------------------------------------------------------- O(active) driver state
@@ -223,40 +165,64 @@ def test_driver_state_for_200k_clients_is_arrays_not_per_client_objects():
 
 # ---------------------------------------------------------------- a real lazy run
 
+REGISTERED = 100_000_000  # SCAFFOLD over 10^8 registered clients: state only for those sampled
 
-def lazy_run(results_dir: Path, hosts: int):
-    from rayfl.results import load
-    from rayfl.runner import run_experiment
 
-    cfg = lazy_cfg(
-        POPULATION, "algorithm.name=fedavg", "algorithm.clients_per_round=12", "algorithm.batch_size=8", "run.rounds=3",
-        "run.eval_every=1", "data.eval_clients=50", f"engine.num_hosts={hosts}", "engine.num_cpus_per_host=0.5",
-        "system.availability.kind=periodic", "system.availability.period=10",
-        f"output.dir={results_dir}", f"run.run_id=lazy-h{hosts}",
+def lazy_job(results_dir: Path, hosts: int, run_id: str):
+    return lazy_cfg(
+        REGISTERED, "algorithm.name=scaffold", "algorithm.clients_per_round=12", "algorithm.batch_size=8",
+        "run.rounds=4", "run.eval_every=1", "data.eval_clients=50", f"engine.num_hosts={hosts}",
+        "engine.num_cpus_per_host=0.5", "system.availability.kind=periodic", "system.availability.period=10",
+        "output.checkpoint_every=3", f"output.dir={results_dir}", f"run.run_id={run_id}",
     )
-    return load(run_experiment(cfg).run_dir)
 
 
 @pytest.fixture(scope="module")
 def lazy_runs(ray_local, tmp_path_factory):
+    """SCAFFOLD at 10^8: one host whole, and two hosts stopped by SIGTERM after round 2 (between
+    checkpoints) and resumed."""
+    from test_resume import sigterm_after
+
+    from rayfl.engine.runlog import RunInterrupted
+    from rayfl.results import load
+    from rayfl.runner import resume_experiment, run_experiment
+
     results_dir = tmp_path_factory.mktemp("lazy") / "results"
-    return {h: lazy_run(results_dir, h) for h in (1, 2)}
+    one = load(run_experiment(lazy_job(results_dir, 1, "whole")).run_dir)
+    with pytest.raises(RunInterrupted):
+        run_experiment(lazy_job(results_dir, 2, "stopped"), on_start=sigterm_after(2))
+    stopped = results_dir / "default" / "stopped"
+    assert load(stopped).rounds["round"].max() == 2
+    return one, load(resume_experiment(stopped).run_dir)
 
 
-def test_lazy_run_is_identical_on_1_and_2_hosts(lazy_runs):
+def test_lazy_scaffold_at_1e8_is_identical_on_1_and_2_hosts_and_resumed(lazy_runs):
     layout = ["wall_time", "host", "run_id", "experiment"]
 
     def comparable(df: pd.DataFrame) -> pd.DataFrame:
         return df.drop(columns=[c for c in layout if c in df.columns]).reset_index(drop=True)
 
-    one, two = lazy_runs[1], lazy_runs[2]
+    one, two = lazy_runs
     assert one.clients["host"].nunique() == 1 and two.clients["host"].nunique() == 2
-    assert len(one.rounds) == 3 and (one.clients["outcome"] == "ok").sum() > 0
+    assert len(one.rounds) == 4 and (one.clients["outcome"] == "ok").sum() > 0
     pd.testing.assert_frame_equal(comparable(one.rounds), comparable(two.rounds))
     pd.testing.assert_frame_equal(comparable(one.clients), comparable(two.clients))
     pd.testing.assert_frame_equal(comparable(one.evals), comparable(two.evals))
     # every task saw its client's lazily made rows
-    cfg = lazy_cfg(POPULATION)
-    n_train, _ = split_clients(lazy_sizes(cfg.data, POPULATION, cfg.run.seed), cfg.data.test_fraction)
+    cfg = lazy_cfg(REGISTERED)
     clients = one.clients
-    np.testing.assert_array_equal(clients["num_samples"].to_numpy(), n_train[clients["client"].to_numpy()])
+    n_train, _ = split_clients(lazy_sizes(cfg.data, clients["client"].to_numpy(), cfg.run.seed), cfg.data.test_fraction)
+    np.testing.assert_array_equal(clients["num_samples"].to_numpy(), n_train)
+    assert clients["client"].max() > REGISTERED // 10  # drawn from the whole population
+
+
+def test_client_state_is_held_and_counted_for_sampled_clients_only(lazy_runs):
+    """SCAFFOLD's c_i exist for the clients that ever finished a task, and the rounds table
+    says how many and how large (one model-sized float32 vector each)."""
+    one, _ = lazy_runs
+    ok = one.clients[one.clients["outcome"] == "ok"]
+    have = [ok[ok["round"] <= r]["client"].nunique() for r in range(4)]
+    assert one.rounds["clients_with_state"].tolist() == have
+    per_client = one.rounds["client_state_bytes"].iloc[-1] / have[-1]
+    params = 60 * 10 + 10  # the logistic model on 60 features, 10 classes
+    assert per_client == 4 * params

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from rayfl.config import ConfigError, Distribution, SystemConfig, Tier, load_config
-from rayfl.engine.system import SystemModel, sample_distribution
+from rayfl.engine.system import SystemModel, client_draws
 from rayfl.engine.tasks import (
     DROPPED,
     LATE,
@@ -19,45 +19,51 @@ from rayfl.engine.tasks import (
     plan_task,
     settle,
 )
+from rayfl.rng import client_uniforms
+
+IDS = np.arange(40_000)
 
 
-def rng() -> np.random.Generator:
-    return np.random.default_rng(0)
+def draws(d: Distribution) -> np.ndarray:
+    return client_draws(d, 0, "test", IDS)
 
 
-def test_distributions():
-    assert np.all(sample_distribution(Distribution("constant", 3.0), 5, rng()) == 3.0)
-    u = sample_distribution(Distribution("uniform", 2.0, low=0.5, high=1.5), 10_000, rng())
-    assert u.min() >= 1.0 and u.max() <= 3.0
-    ln = sample_distribution(Distribution("lognormal", 10.0, sigma=1.0), 20_000, rng())
-    assert np.median(ln) == pytest.approx(10.0, rel=0.05)
-    pa = sample_distribution(Distribution("pareto", 1.0, shape=1.5), 20_000, rng())
-    assert pa.min() >= 1.0 and np.quantile(pa, 0.999) > 50 * np.median(pa)  # heavy tail
-    t = sample_distribution(Distribution("tiers", values=[1.0, 10.0], probs=[0.8, 0.2]), 10_000, rng())
-    assert set(np.unique(t)) == {1.0, 10.0} and np.mean(t == 10.0) == pytest.approx(0.2, abs=0.02)
+def test_distributions_follow_their_laws():
+    assert np.all(draws(Distribution("constant", 3.0)) == 3.0)
+    u = draws(Distribution("uniform", 2.0, low=0.5, high=1.5))
+    assert u.min() >= 1.0 and u.max() <= 3.0 and u.mean() == pytest.approx(2.0, abs=0.01)
+    ln = draws(Distribution("lognormal", 10.0, sigma=1.0))
+    assert np.median(ln) == pytest.approx(10.0, rel=0.03) and np.log(ln).std() == pytest.approx(1.0, abs=0.02)
+    pa = draws(Distribution("pareto", 2.0, shape=1.5))
+    assert pa.min() >= 2.0
+    for x in (3.0, 10.0, 40.0):  # the survival function, (value / x)^shape
+        assert np.mean(pa > x) == pytest.approx((2.0 / x) ** 1.5, abs=0.01)  # 4 sd
+    inv = draws(Distribution("inverse_pareto", 2.0, shape=1.5))
+    assert inv.max() <= 2.0 and np.mean(inv < 0.5) == pytest.approx(0.25**1.5, abs=0.006)  # P(value / X < y)
+    t = draws(Distribution("tiers", values=[1.0, 10.0, 5.0], probs=[0.7, 0.2, 0.1]))
+    assert set(np.unique(t)) == {1.0, 5.0, 10.0}
+    assert np.mean(t == 10.0) == pytest.approx(0.2, abs=0.01) and np.mean(t == 5.0) == pytest.approx(0.1, abs=0.01)
 
 
-def test_explicit_tiers_make_exactly_that_fraction_slower():
-    cfg = SystemConfig(tiers=[Tier(fraction=0.1, speed_factor=0.1)])
-    sm = SystemModel(cfg, 1000, forward_flops=100.0, seed=3)
-    assert np.sum(sm.speed == 1e8) == 100 and np.sum(sm.speed == 1e9) == 900
+def test_a_clients_draw_depends_on_the_client_alone():
+    d = Distribution("lognormal", 1.0, sigma=0.5)
+    every = client_draws(d, 3, "system.speed", IDS)
+    picked = np.array([39_999, 7, 123, 7])
+    np.testing.assert_array_equal(client_draws(d, 3, "system.speed", picked), every[picked])
+    assert not np.array_equal(client_draws(d, 4, "system.speed", IDS[:10]), every[:10])  # another seed
+    assert not np.array_equal(client_draws(d, 3, "system.latency", IDS[:10]), every[:10])  # another purpose
+    # uniforms over a billion ids: in (0, 1), no collisions among neighbours
+    u = client_uniforms(0, "x", np.arange(10**9 - 1000, 10**9))
+    assert u.min() > 0.0 and u.max() < 1.0 and len(np.unique(u)) == 1000
 
 
-def test_nested_overrides_and_bare_numbers():
-    cfg = load_config(None, ["system.speed.dist=pareto", "system.speed.shape=1.2", "system.latency=0.2",
-                             "system.tiers=[{fraction: 0.1, speed_factor: 0.1}]"])
-    assert cfg.system.speed.dist == "pareto" and cfg.system.speed.shape == 1.2
-    assert cfg.system.latency == Distribution("constant", 0.2)
-    assert cfg.system.tiers == [Tier(0.1, 0.1)]
-    with pytest.raises(ConfigError) as e:
-        load_config(None, ["system.speed.shpe=1"])
-    assert e.value.key == "system.speed.shpe"
-    with pytest.raises(ConfigError) as e:
-        load_config(None, ["system.policy=deadline"])
-    assert e.value.key == "system.deadline"
-    with pytest.raises(ConfigError) as e:
-        load_config(None, ["system.speed.dist=tiers", "system.speed.values=[1, 2]", "system.speed.probs=[0.5, 0.6]"])
-    assert e.value.key == "system.speed.probs"
+def test_explicit_tiers_make_that_fraction_slower():
+    cfg = SystemConfig(tiers=[Tier(fraction=0.1, speed_factor=0.1), Tier(fraction=0.3, speed_factor=0.5)])
+    sm = SystemModel(cfg, 20_000, forward_flops=100.0, seed=3)
+    speed = sm.speed.of(range(20_000))
+    slow, half = np.mean(speed == 1e8), np.mean(speed == 5e8)
+    assert slow == pytest.approx(0.1, abs=0.007) and half == pytest.approx(0.3, abs=0.01)  # > 3 sd of a binomial
+    assert np.mean(speed == 1e9) == pytest.approx(1 - slow - half)  # disjoint; the rest keep theirs
 
 
 def test_trace_sets_profiles_and_availability(tmp_path):
@@ -71,9 +77,9 @@ def test_trace_sets_profiles_and_availability(tmp_path):
     cfg = SystemConfig(trace=str(trace))
     cfg.availability.kind = "trace"
     sm = SystemModel(cfg, 3, forward_flops=1.0, seed=0)
-    assert sm.speed.tolist() == [5e8, 1e9, 2e9]
+    assert sm.speed.of(range(3)).tolist() == [5e8, 1e9, 2e9]
     assert sm.up_bandwidth[0] == 1e5 and sm.up_bandwidth[2] == 1.25e6
-    assert sm.dropout.tolist() == [0.0, 0.0, 0.5]
+    assert sm.dropout.of(range(3)).tolist() == [0.0, 0.0, 0.5]
     av = sm.availability
     assert av.online(0, 50) and not av.online(0, 150) and av.online(0, 250)
     assert not av.online(1, 0)  # no interval: never online

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from rayfl.config import Config
 from rayfl.data import FederatedDataset
 from rayfl.engine.evaluation import initial_model_params
+from rayfl.engine.population import draw_distinct
 from rayfl.models import build_model
 from rayfl.models.params import set_flat
 from rayfl.rng import numpy_rng
@@ -40,9 +41,9 @@ def initial_params(cfg: Config, dataset: FederatedDataset) -> np.ndarray:
 
 def sample_clients(seed: int, round: int, sizes: np.ndarray, k: int) -> list[int]:
     """`Federation.sample(round, k)` with every client always online."""
-    candidates = np.flatnonzero(sizes > 0).astype(np.int64)
+    trainable = np.flatnonzero(sizes > 0).astype(np.int64)
     rng = numpy_rng(seed, "sample", round)
-    return sorted(int(c) for c in rng.choice(candidates, size=min(k, len(candidates)), replace=False))
+    return sorted(draw_distinct(rng, len(sizes), k, lambda ids: sizes[ids] > 0, lambda: trainable, len(trainable)))
 
 
 def run_reference_loop(

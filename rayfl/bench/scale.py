@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 from rayfl.bench.common import (
     PeakMemory,
@@ -73,7 +74,7 @@ def measure_one(clients: int, per_round: int, rounds: int, out: Path, job: str |
     from rayfl.config import load_config
     from rayfl.data import build_federated_dataset
     from rayfl.results.load import read_manifest
-    from rayfl.runner import run_experiment
+    from rayfl.runner import run_experiment, train_samples
 
     cfg = load_config(
         job or (JOB if JOB.is_file() else None),
@@ -88,25 +89,33 @@ def measure_one(clients: int, per_round: int, rounds: int, out: Path, job: str |
         ],
     )
     load_before = os.getloadavg()
+    first_done: list[float] = []  # when round 0's row was logged (time.time())
+
+    def progress(row: dict[str, Any]) -> None:
+        if not first_done:
+            first_done.append(time.time())
+
     with PeakMemory() as mem:
         t0 = time.perf_counter()
         dataset = build_federated_dataset(cfg.data, cfg.partition, cfg.run.seed)
         t_data = time.perf_counter() - t0
-        outcome = run_experiment(cfg, dataset=dataset)
+        outcome = run_experiment(cfg, progress=progress, dataset=dataset)
     load_after = os.getloadavg()
     per_round_s = round_seconds(outcome.run_dir)
     timed = steady(per_round_s)
     manifest = read_manifest(outcome.run_dir)
-    train = getattr(dataset, "train_samples", None)
     result = {
         "clients": clients,
         "mode": "eager" if eager else "lazy",
         "clients_per_round": per_round,
         "rounds": rounds,
-        "train_samples": int(train if train is not None else len(dataset.train_y)),
+        "train_samples": train_samples(dataset),
         "num_hosts": manifest["placement"]["num_hosts"],
         "data_seconds": round(t_data, 3),
         "first_round_seconds": round(float(per_round_s[0]), 3),
+        # from this process's start (the command, Python's imports included) to the end of round 0:
+        # an upper bound on when the first round started
+        "first_round_done_after_start_seconds": round(first_done[0] - psutil.Process().create_time(), 3),
         "seconds_per_round_median": round(float(np.median(timed)), 3),
         "seconds_per_round_mean": round(float(np.mean(timed)), 3),
         "total_seconds": round(outcome.wall_seconds + t_data, 3),

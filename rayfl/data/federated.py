@@ -67,6 +67,11 @@ class FederatedDataset:
         """Ids of clients without training samples (never sampled to train)."""
         return np.flatnonzero(self.client_sizes() == 0)
 
+    @property
+    def num_trainable(self) -> int:
+        """Clients holding at least one training sample."""
+        return self.num_clients - len(self.empty_clients())
+
     def class_matrix(self, split: str = "train") -> np.ndarray:
         """[num_clients, num_classes] label counts of each client's train or test set."""
         if split == "train":

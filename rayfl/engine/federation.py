@@ -127,7 +127,6 @@ class Federation:
         self.system = SystemModel(cfg.system, dataset.num_clients, self.forward_flops, self.seed)
         self.population = Population(cfg, dataset, self.system, self.clock)
         self.placement = placement if placement is not None else check_cluster(cfg.engine, dataset.num_clients)
-        self._host_of = self.placement.host_of()
         self.hosts = Hosts(cfg, dataset, self.placement, self.forward_flops)
         self.pipeline = RoundPipeline.of(cfg, self)  # privacy, compression, robust (None: all off)
         self.hosts.start()
@@ -171,8 +170,8 @@ class Federation:
         """Uniform participation without replacement among the clients online now, seeded by
         (seed, 'sample', round): the same clients whatever the placement. Over-selection picks
         more and keeps the first k to finish (`Population.sample`); DP's Poisson sampling
-        draws through the pipeline."""
-        poisson = self.pipeline.sample if self.pipeline is not None and self.pipeline.poisson else None
+        draws each client with the pipeline's rate."""
+        poisson = self.pipeline.mechanism.rate if self.pipeline is not None and self.pipeline.poisson else None
         return self.population.sample(round, k, fraction, poisson)
 
     @property
@@ -182,7 +181,7 @@ class Federation:
 
     def host_of(self, client: int) -> int:
         """The host that holds `client` (its state, its rows)."""
-        return int(self._host_of[client])
+        return self.placement.host_of(client)
 
     def by_host(self, client_ids: Iterable[int]) -> dict[int, list[int]]:
         """The clients grouped by the host that holds them, in the order given."""
@@ -548,11 +547,11 @@ class Federation:
 
         self._decisions.pop(h, None)  # decisions for tasks staged on the dead actor: moot
         host = self.hosts.replace(h)
-        mine = set(int(c) for c in self.placement.assignment[h])
-        base = {c: st for c, st in self.base_client_states().items() if c in mine}
+        mine = self.placement.assignment[h]
+        base = {c: st for c, st in self.base_client_states().items() if int(c) in mine}
         waits = [host.import_states.remote(base)] if base else []
         for given in self._journal:
-            if given.client in mine and (skip_tasks is None or given.task not in skip_tasks):
+            if int(given.client) in mine and (skip_tasks is None or given.task not in skip_tasks):
                 c = given.client
                 extra = {c: given.extra} if given.extra is not None else None
                 budget = {c: given.budget} if given.budget is not None else None

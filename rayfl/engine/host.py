@@ -384,6 +384,7 @@ class ClientHostImpl:
             "bytes_up": payload_nbytes(values) if upload is None else upload.bytes_up,
             "bytes_down": payload_nbytes(job.broadcast) + payload_nbytes(job.extra),
             "state_changed": changed,
+            "state_bytes": payload_nbytes(state) if changed else None,  # the driver's ledger of client state
             "pipeline": {} if upload is None else upload.row(),
         }
 

@@ -5,10 +5,10 @@ driver aggregates in client-id order), so placement is purely a performance choi
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
-
-import numpy as np
+from functools import cached_property
 
 from rayfl.config import EngineConfig
 from rayfl.errors import ResourceError
@@ -19,14 +19,22 @@ class Placement:
     num_hosts: int
     num_cpus: float
     num_gpus: float
-    assignment: list[np.ndarray]  # client ids per host
+    assignment: list[range]  # the contiguous block of client ids each host holds
 
-    def host_of(self) -> np.ndarray:
-        """host index for every client id."""
-        owner = np.empty(sum(len(a) for a in self.assignment), dtype=np.int64)
-        for h, ids in enumerate(self.assignment):
-            owner[ids] = h
-        return owner
+    def host_of(self, client: int) -> int:
+        """The host holding `client` (a binary search over the blocks: no per-client array)."""
+        h = bisect.bisect_right(self.starts, int(client)) - 1
+        if h < 0 or int(client) not in self.assignment[h]:
+            raise IndexError(f"client {client} is on no host (clients 0-{self.num_clients - 1})")
+        return h
+
+    @cached_property
+    def starts(self) -> list[int]:
+        return [r.start for r in self.assignment]
+
+    @property
+    def num_clients(self) -> int:
+        return sum(len(r) for r in self.assignment)
 
 
 def plan_placement(cfg: EngineConfig, num_clients: int, cluster_resources: dict[str, float]) -> Placement:
@@ -51,10 +59,11 @@ def plan_placement(cfg: EngineConfig, num_clients: int, cluster_resources: dict[
         per = cfg.num_cpus_per_host if cfg.num_cpus_per_host > 0 else 1.0
         hosts = max(1, int(cpus / per + 1e-9))
     hosts = max(1, min(hosts, num_clients))
-    ids = np.arange(num_clients, dtype=np.int64)
     if cfg.clients_per_host != "auto" and cfg.num_hosts is None:
         size = int(cfg.clients_per_host)
-        assignment = [ids[i : i + size] for i in range(0, num_clients, size)]
-    else:
-        assignment = list(np.array_split(ids, hosts))
+        assignment = [range(i, min(i + size, num_clients)) for i in range(0, num_clients, size)]
+    else:  # np.array_split's blocks: the first num_clients % hosts one longer
+        base, longer = divmod(num_clients, hosts)
+        bounds = [h * base + min(h, longer) for h in range(hosts + 1)]
+        assignment = [range(bounds[h], bounds[h + 1]) for h in range(hosts)]
     return Placement(hosts, cfg.num_cpus_per_host, cfg.num_gpus_per_host, assignment)

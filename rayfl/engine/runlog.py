@@ -20,6 +20,7 @@ from rayfl.engine.checkpoint import (
     resolver_for,
     save_checkpoint,
 )
+from rayfl.engine.payload import payload_nbytes
 from rayfl.engine.state_codec import check_savable
 from rayfl.engine.tasks import OUTCOMES, ClientResult
 
@@ -50,7 +51,15 @@ class RunLog:
         self._round_bytes = 0
         self._outcomes = dict.fromkeys(OUTCOMES, 0)
         self._failures_logged = 0  # hosts replaced before the last `rounds` row
+        # client -> bytes of its committed state: only clients that have state (e.g. SCAFFOLD's
+        # c_i for the clients ever sampled), reported in every `rounds` row
+        self.state_bytes: dict[int, int] = {}
+        self._state_total = 0
         self._server_state_checked = False
+
+    def _note_state(self, client: int, nbytes: int) -> None:
+        self._state_total += nbytes - self.state_bytes.get(client, 0)
+        self.state_bytes[client] = nbytes
 
     @property
     def wall_time(self) -> float:
@@ -62,6 +71,8 @@ class RunLog:
         for r in results:
             self._outcomes[r.outcome] += 1
             self._round_bytes += r.bytes_up + r.bytes_down
+            if r.ok and r.state_changed and r.state_bytes is not None:
+                self._note_state(r.client, r.state_bytes)
         if self.writer is None or not self.fed.cfg.output.log_clients:
             return
         tags = self.fed.client_tags
@@ -115,6 +126,8 @@ class RunLog:
             "bytes": self._round_bytes,
             **{f"clients_{k}": v for k, v in self._outcomes.items()},
             "host_failures": fed.hosts.failures - self._failures_logged,
+            "clients_with_state": len(self.state_bytes),
+            "client_state_bytes": self._state_total,
             **{k: _scalar(v) for k, v in metrics.items()},
             **(fed.pipeline.finish_round(round) if fed.pipeline is not None else {}),
         }
@@ -195,6 +208,8 @@ class RunLog:
             if saved is not None:
                 pipeline.load_state_dict(saved)
         self.callbacks.load_state_dict(getattr(ckpt, "callbacks", None) or [])
+        for client, state in ckpt.client_states.items():
+            self._note_state(int(client), payload_nbytes(state))
 
 
 def _scalar(v: Any) -> Any:

@@ -7,13 +7,15 @@ running the simulation:
     duration = flops / speed + bytes_down / down_bw + bytes_up / up_bw + latency
 
 with flops = forward_flops_per_sample * (forward_samples + backward_cost * backward_samples).
-Profiles (speed, bandwidths, latency, dropout, availability) are drawn once per client from
-seeded distributions, or read from a trace file.
+Profiles (speed, bandwidths, latency, dropout, availability) come from seeded distributions,
+each client's a function of (seed, column, client) made when the run first touches it, or from
+a trace file.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,7 +24,7 @@ import numpy as np
 import torch
 
 from rayfl.config import ConfigError, Distribution, SystemConfig
-from rayfl.rng import numpy_rng
+from rayfl.rng import client_normals, client_uniforms
 
 if TYPE_CHECKING:  # pandas is imported where a trace or the profiles table is used: 0.4 s of every run's start
     import pandas as pd
@@ -40,21 +42,67 @@ class TaskTiming:
         return self.compute + self.download + self.upload + self.latency
 
 
-def sample_distribution(d: Distribution, n: int, rng: np.random.Generator) -> np.ndarray:
-    """n seeded draws from a Distribution."""
+def client_draws(d: Distribution, seed: int, purpose: str, clients: np.ndarray) -> np.ndarray:
+    """The draws of `clients` from a Distribution, each a function of (seed, purpose, client)
+    alone (rayfl.rng.client_uniforms, by inverse CDF): any client's value in O(1), so a
+    profile exists only for the clients a run touches."""
+    n = len(clients)
     if d.dist == "constant":
         return np.full(n, float(d.value))
-    if d.dist == "uniform":
-        return d.value * rng.uniform(d.low, d.high, size=n)
     if d.dist == "lognormal":
-        return d.value * rng.lognormal(0.0, d.sigma, size=n)
-    if d.dist == "pareto":  # Pareto(shape) with minimum `value`: heavy right tail
-        return d.value * (1.0 + rng.pareto(d.shape, size=n))
-    if d.dist == "inverse_pareto":  # at most `value`, heavy tail towards 0 (slow stragglers)
-        return d.value / (1.0 + rng.pareto(d.shape, size=n))
+        return d.value * np.exp(d.sigma * client_normals(seed, purpose, clients))
+    u = client_uniforms(seed, purpose, clients)
+    if d.dist == "uniform":
+        return d.value * (d.low + (d.high - d.low) * u)
+    if d.dist == "pareto":  # P(X > x) = (value / x)^shape
+        return d.value * u ** (-1.0 / d.shape)
+    if d.dist == "inverse_pareto":  # value / Pareto: at most value
+        return d.value * u ** (1.0 / d.shape)
     if d.dist == "tiers":
-        return np.asarray(d.values, dtype=np.float64)[rng.choice(len(d.values), size=n, p=d.probs)]
+        cut = np.cumsum(np.asarray(d.probs, dtype=np.float64))
+        tier = np.minimum(np.searchsorted(cut / cut[-1], u, side="right"), len(d.values) - 1)
+        return np.asarray(d.values, dtype=np.float64)[tier]
     raise ValueError(f"unknown distribution {d.dist}")
+
+
+class PerClient:
+    """One per-client value (a profile column, an availability phase), made from seeds when a
+    client is first asked for and kept: the model holds values for the clients the run touched,
+    never a population-sized array. `prepare` makes a round's cohort at once (vectorised);
+    `overrides` (from a trace) win over the drawn values."""
+
+    def __init__(self, make: Callable[[np.ndarray], np.ndarray], overrides: dict[int, float] | None = None):
+        self._make = make
+        self.overrides = overrides or {}
+        self._known: dict[int, float] = {}
+
+    def prepare(self, clients: Iterable[int]) -> None:
+        missing = [int(c) for c in clients if int(c) not in self._known]
+        if missing:
+            values = self._make(np.asarray(missing, dtype=np.int64)).tolist()
+            self._known.update(zip(missing, values, strict=True))
+            for c in missing:
+                if c in self.overrides:
+                    self._known[c] = self.overrides[c]
+
+    def __getitem__(self, client: int) -> float:
+        value = self._known.get(client)
+        if value is None:
+            self.prepare((client,))
+            value = self._known[int(client)]
+        return value
+
+    def of(self, clients: Iterable[int]) -> np.ndarray:
+        """The values of `clients`, in order (float64)."""
+        ids = [int(c) for c in clients]
+        self.prepare(ids)
+        return np.array([self._known[c] for c in ids], dtype=np.float64)
+
+    @property
+    def known(self) -> int:
+        """Clients with a value made so far (what the run touched). Not a length: this is
+        not a sequence over the population."""
+        return len(self._known)
 
 
 class Availability:
@@ -63,10 +111,10 @@ class Availability:
     def online(self, client: int, t: float) -> bool:
         return True
 
-    def online_mask(self, t: float, num_clients: int) -> np.ndarray:
-        """`online(c, t)` for every client at once (bool [num_clients]), vectorised: sampling
-        asks this every round, and a Python loop over a million clients would dominate it."""
-        return np.ones(num_clients, dtype=bool)
+    def online_ids(self, clients: np.ndarray, t: float) -> np.ndarray:
+        """`online(c, t)` for each of `clients` (bool, vectorised): sampling asks this of every
+        client it draws, never of the whole population."""
+        return np.ones(len(clients), dtype=bool)
 
     def offline_at(self, client: int, start: float, end: float) -> float | None:
         """When a client online at `start` goes offline before `end` (None if it does not)."""
@@ -74,10 +122,10 @@ class Availability:
 
 
 class PeriodicAvailability(Availability):
-    """Online for `on` seconds of every `period`, from a per-client phase (no stored windows,
-    so 10^5 clients cost nothing)."""
+    """Online for `on` seconds of every `period`, from a per-client phase made from seeds when a
+    client is first asked for (no stored windows: a population of any size costs nothing)."""
 
-    def __init__(self, period: float, online_fraction: float, phase: np.ndarray):
+    def __init__(self, period: float, online_fraction: float, phase: PerClient):
         self.period, self.on, self.phase = period, online_fraction * period, phase
 
     def _offset(self, client: int, t: float) -> float:
@@ -86,9 +134,9 @@ class PeriodicAvailability(Availability):
     def online(self, client: int, t: float) -> bool:
         return self._offset(client, t) < self.on
 
-    def online_mask(self, t: float, num_clients: int) -> np.ndarray:
+    def online_ids(self, clients: np.ndarray, t: float) -> np.ndarray:
         # the same float64 operations as `online`, element-wise, so the same clients
-        return ((t - self.phase[:num_clients]) % self.period) < self.on
+        return ((t - self.phase.of(clients)) % self.period) < self.on
 
     def offline_at(self, client: int, start: float, end: float) -> float | None:
         if not self.online(client, start):
@@ -98,25 +146,23 @@ class PeriodicAvailability(Availability):
 
 
 class IntervalAvailability(Availability):
-    """Explicit online intervals per client (from a trace): [k, 2] arrays of [start, end)."""
+    """Explicit online intervals of the clients a trace lists: {client: [k, 2] array of
+    [start, end)}; a client the trace does not list is never online."""
 
-    def __init__(self, intervals: list[np.ndarray]):
+    NONE = np.zeros((0, 2))
+
+    def __init__(self, intervals: dict[int, np.ndarray]):
         self.intervals = intervals
-        # every interval flattened once, with its client, for `online_mask`
-        self._owner = np.repeat(np.arange(len(intervals)), [len(iv) for iv in intervals])
-        self._flat = np.concatenate(intervals) if intervals else np.zeros((0, 2))
-
-    def online_mask(self, t: float, num_clients: int) -> np.ndarray:
-        mask = np.zeros(num_clients, dtype=bool)
-        mask[self._owner[(self._flat[:, 0] <= t) & (t < self._flat[:, 1])]] = True
-        return mask
 
     def _containing(self, client: int, t: float) -> np.ndarray:
-        iv = self.intervals[client]
+        iv = self.intervals.get(int(client), self.NONE)
         return iv[(iv[:, 0] <= t) & (t < iv[:, 1])]
 
     def online(self, client: int, t: float) -> bool:
         return len(self._containing(client, t)) > 0
+
+    def online_ids(self, clients: np.ndarray, t: float) -> np.ndarray:
+        return np.fromiter((self.online(int(c), t) for c in clients), dtype=bool, count=len(clients))
 
     def offline_at(self, client: int, start: float, end: float) -> float | None:
         here = self._containing(client, start)
@@ -126,56 +172,59 @@ class IntervalAvailability(Availability):
         return stop if stop < end else None
 
 
+PROFILE_COLUMNS = ("speed", "up_bandwidth", "down_bandwidth", "latency", "dropout")
+
+
 class SystemModel:
-    """Per-client device profiles and task timing."""
+    """Per-client device profiles and task timing. A client's profile is a function of (seed,
+    column, client) alone, made when the run first touches the client (`prepare` does a
+    round's cohort at once), so the model's memory follows the clients a run touches, not the
+    registered population; a trace's values override the drawn ones for the clients it lists."""
 
     def __init__(self, cfg: SystemConfig, num_clients: int, forward_flops: float, seed: int):
         self.cfg = cfg
         self.num_clients = num_clients
         self.forward_flops = float(forward_flops)
-        draw = lambda name: sample_distribution(getattr(cfg, name), num_clients, numpy_rng(seed, f"system.{name}"))  # noqa: E731
-        self.speed = draw("speed")
-        self.up_bandwidth = draw("up_bandwidth")
-        self.down_bandwidth = draw("down_bandwidth")
-        self.latency = draw("latency")
-        self.dropout = np.full(num_clients, cfg.dropout)
-        self._apply_tiers(seed)
+        self.seed = seed
+        trace = read_trace(Path(cfg.trace).expanduser(), num_clients) if cfg.trace is not None else None
+        given = trace_profiles(trace)
+
+        def column(name: str) -> PerClient:
+            if name == "dropout":
+                return PerClient(lambda ids: np.full(len(ids), float(cfg.dropout)), given.get(name))
+            make = lambda ids: client_draws(getattr(cfg, name), seed, f"system.{name}", ids)  # noqa: E731
+            if name == "speed" and cfg.tiers:
+                make = lambda ids: client_draws(cfg.speed, seed, "system.speed", ids) * self._tier_factor(ids)  # noqa: E731
+            return PerClient(make, given.get(name))
+
+        self.speed, self.up_bandwidth, self.down_bandwidth, self.latency, self.dropout = map(column, PROFILE_COLUMNS)
         self.availability = Availability()
         if cfg.availability.kind == "periodic":
-            phase = numpy_rng(seed, "system.availability").uniform(0.0, cfg.availability.period, size=num_clients)
-            self.availability = PeriodicAvailability(cfg.availability.period, cfg.availability.online_fraction, phase)
-        if cfg.trace is not None:
-            intervals = self._apply_trace(Path(cfg.trace).expanduser(), cfg.availability.kind == "trace")
-            if intervals is not None:
-                self.availability = IntervalAvailability(intervals)
+            period = cfg.availability.period
+            phase = PerClient(lambda ids: period * client_uniforms(seed, "system.availability", ids))
+            self.availability = PeriodicAvailability(period, cfg.availability.online_fraction, phase)
+        if trace is not None and cfg.availability.kind == "trace":
+            self.availability = IntervalAvailability(trace_intervals(trace, Path(cfg.trace)))
 
-    def _apply_tiers(self, seed: int) -> None:
-        """Explicit tiers: disjoint seeded random subsets whose speed is scaled."""
-        if not self.cfg.tiers:
-            return
-        order = numpy_rng(seed, "system.tiers").permutation(self.num_clients)
-        start = 0
+    def _tier_factor(self, clients: np.ndarray) -> np.ndarray:
+        """Explicit tiers: each client falls in tier t with probability t.fraction (from one
+        seeded uniform per client, so the tiers are disjoint), its speed scaled by the tier's
+        factor; clients beyond the listed fractions keep their drawn speed."""
+        u = client_uniforms(self.seed, "system.tiers", clients)
+        factor = np.ones(len(clients))
+        low = 0.0
         for t in self.cfg.tiers:
-            count = int(round(t.fraction * self.num_clients))
-            self.speed[order[start : start + count]] *= t.speed_factor
-            start += count
+            factor[(low <= u) & (u < low + t.fraction)] = t.speed_factor
+            low += t.fraction
+        return factor
 
-    def _apply_trace(self, path: Path, use_availability: bool) -> list[np.ndarray] | None:
-        trace = read_trace(path, self.num_clients)
-        first = trace.groupby("client").first()
-        for col in ("speed", "up_bandwidth", "down_bandwidth", "latency", "dropout"):
-            if col in first.columns:
-                vals = first[col].dropna()
-                getattr(self, col)[vals.index.to_numpy()] = vals.to_numpy(dtype=np.float64)
-        if not use_availability:
-            return None
-        if not {"available_from", "available_to"} <= set(trace.columns):
-            raise ConfigError("system.trace", f"{path} needs columns available_from and available_to for availability: trace")
-        intervals = [np.zeros((0, 2)) for _ in range(self.num_clients)]
-        for cid, rows in trace.groupby("client"):
-            iv = rows[["available_from", "available_to"]].to_numpy(dtype=np.float64)
-            intervals[int(cid)] = iv[np.argsort(iv[:, 0])]
-        return intervals
+    def prepare(self, clients: Iterable[int]) -> None:
+        """Make the profiles (and availability phases) of a round's clients at once."""
+        ids = list(clients)
+        for name in PROFILE_COLUMNS:
+            getattr(self, name).prepare(ids)
+        if isinstance(self.availability, PeriodicAvailability):
+            self.availability.phase.prepare(ids)
 
     def flops(self, forward_samples: int, backward_samples: int) -> float:
         return self.forward_flops * (forward_samples + self.cfg.backward_cost * backward_samples)
@@ -193,19 +242,38 @@ class SystemModel:
         comm = bytes_down / self.down_bandwidth[client] + bytes_up_estimate / self.up_bandwidth[client] + self.latency[client]
         return max(0.0, (seconds - comm) * self.speed[client])
 
-    def profiles(self) -> pd.DataFrame:
+    def profiles(self, clients: Iterable[int]) -> pd.DataFrame:
+        """The profiles of `clients` as a table."""
         import pandas as pd
 
-        return pd.DataFrame(
-            {
-                "client": np.arange(self.num_clients),
-                "speed": self.speed,
-                "up_bandwidth": self.up_bandwidth,
-                "down_bandwidth": self.down_bandwidth,
-                "latency": self.latency,
-                "dropout": self.dropout,
-            }
-        )
+        ids = [int(c) for c in clients]
+        return pd.DataFrame({"client": np.asarray(ids, dtype=np.int64),
+                             **{name: getattr(self, name).of(ids) for name in PROFILE_COLUMNS}})
+
+
+def trace_profiles(trace: pd.DataFrame | None) -> dict[str, dict[int, float]]:
+    """A trace's profile values, {column: {client: value}} (each client's first row; an empty
+    cell keeps the drawn value)."""
+    if trace is None:
+        return {}
+    first = trace.groupby("client").first()
+    out: dict[str, dict[int, float]] = {}
+    for col in PROFILE_COLUMNS:
+        if col in first.columns:
+            vals = first[col].dropna()
+            out[col] = dict(zip(vals.index.astype(np.int64).tolist(), vals.to_numpy(dtype=np.float64).tolist(), strict=True))
+    return out
+
+
+def trace_intervals(trace: pd.DataFrame, path: Path) -> dict[int, np.ndarray]:
+    """The online intervals of every client the trace lists, sorted by start."""
+    if not {"available_from", "available_to"} <= set(trace.columns):
+        raise ConfigError("system.trace", f"{path} needs columns available_from and available_to for availability: trace")
+    intervals: dict[int, np.ndarray] = {}
+    for cid, rows in trace.groupby("client"):
+        iv = rows[["available_from", "available_to"]].to_numpy(dtype=np.float64)
+        intervals[int(cid)] = iv[np.argsort(iv[:, 0])]
+    return intervals
 
 
 TRACE_COLUMNS = ("client", "speed", "up_bandwidth", "down_bandwidth", "latency", "dropout",

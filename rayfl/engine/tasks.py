@@ -63,6 +63,7 @@ class ClientResult:
     round: int = 0
     task: int = -1
     state_changed: bool = True
+    state_bytes: int | None = None  # the client's new state's size, where the task changed it
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -115,6 +116,7 @@ def settle(plan: TaskPlan, rec: dict[str, Any], system: SystemModel, round: int)
         version=plan.version,
         truncated=rec.get("truncated", False),
         state_changed=rec.get("state_changed", True),
+        state_bytes=rec.get("state_bytes"),
         seq=plan.seq,
         round=round,
         extra={"pipeline": rec["pipeline"]} if rec.get("pipeline") else {},

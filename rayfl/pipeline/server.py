@@ -3,7 +3,8 @@ model-shaped uploads, and what each round records.
 
 The Federation consults it at four points, so no algorithm carries code for any of this:
 
-- `sample`: Poisson sampling when the privacy accountant assumes it;
+- `poisson`: whether the cohort is Poisson-sampled (at `mechanism.rate`), as the privacy
+  accountant assumes;
 - `upload_spec`: what hosts do to each answer before it leaves (rayfl.pipeline.uploads);
 - `combine`: the sum of an upload key, robust (an attack crafted into the stack, then the
   robust rule) or private (the exact sum of clipped updates, plus Gaussian noise once, over the
@@ -121,7 +122,7 @@ class RoundPipeline:
     def __init__(self, cfg: Any, fed: Any):
         self.cfg = cfg
         self.seed = int(fed.seed)
-        self.num_clients = len(fed.trainable_clients)  # N of the accountant: who can be sampled
+        self.num_clients = fed.population.num_trainable  # N of the accountant: who can be sampled
         self.client_ids = int(fed.num_clients)  # every id, trainable or not
         self.num_classes = int(fed.dataset.num_classes)
         self.privacy = cfg.privacy if cfg.privacy.on else None
@@ -172,12 +173,6 @@ class RoundPipeline:
     @property
     def poisson(self) -> bool:
         return self.privacy is not None and self.mechanism.sampling == "poisson"
-
-    def sample(self, round: int, candidates: np.ndarray) -> list[int]:
-        """Poisson sampling: each client independently with rate cohort / N."""
-        rng = numpy_rng(self.seed, "sample.poisson", round)
-        keep = rng.random(self.client_ids) < self.mechanism.rate  # one draw per id: the same for any candidates
-        return sorted(int(c) for c in candidates if keep[c])
 
     # ---------------------------------------------------------------- client side
 
