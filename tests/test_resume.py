@@ -101,6 +101,12 @@ def test_sigterm_then_resume_equals_the_uninterrupted_run(ray_local, results_dir
     else:
         assert ckpt.client_states  # SCAFFOLD's c_i travel with the checkpoint
         assert ckpt.driver["server_optimizer"].steps == 5  # and the server's Adam moments
+        # the rounds table's ledger: clients sampled again replace their state, never add to it
+        ok = whole.clients[whole.clients["outcome"] == "ok"]
+        have = [ok[ok["round"] <= r]["client"].nunique() for r in range(7)]
+        assert whole.rounds["clients_with_state"].tolist() == have and have[-1] < len(ok)
+        per_client = whole.rounds["client_state_bytes"] / whole.rounds["clients_with_state"]
+        assert per_client.nunique() == 1  # one model-sized c_i each
     resumed = load(resume_experiment(run_dir).run_dir)
     assert resumed.manifests["status"].iloc[0] == "completed"
     assert_same_tables(whole, resumed)

@@ -175,7 +175,7 @@ def test_a_round_at_a_billion_clients_costs_its_cohort():
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert peak < 40 * 2**20, f"a billion clients: the driver peaked at {peak / 2**20:.0f} MB"
-    assert all(len(c) == 1000 for c in uniform) and all(800 < len(c) < 1200 for c in poisson)
+    assert all(len(c) == 1000 for c in uniform) and all(400 < len(c) < 600 for c in poisson)  # half are online
     assert idle is not None and idle not in uniform[0]
     assert max(max(c) for c in uniform) > 0.9 * n  # drawn from the whole population
     assert system.speed.known < 10_000  # profiles exist only for the clients touched
