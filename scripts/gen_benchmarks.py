@@ -124,13 +124,17 @@ SCALE_TEXT = """\
 ## scale
 
 ```
-rayfl bench scale --clients 10000,100000,1000000 --per-round 1000 --rounds 10
+rayfl bench scale --clients 10000,1000000,100000000,1000000000 --per-round 1000 --rounds 10
 ```
 
 Each client count in its own process (so peak memory is that run's): `jobs/scale_10k.yaml`'s
 FedAvg on small Synthetic(1, 1) clients (lognormal sizes, 20-100 samples), 1,000 a round, 2
-hosts, with the population generated on demand (`data.lazy: true`). Seconds per round are the
-median of rounds 1..9; peak RSS is the driver's plus every Ray process it started.
+hosts, with the population generated on demand (`data.lazy: true`): a client's size, device
+profile and rows are functions of (seed, client), made when a round draws it, and a draw costs
+its cohort ([how clients are drawn](explanation/clock-and-determinism.md#how-a-rounds-clients-are-drawn)).
+Seconds per round are the median of rounds 1..9; "first round done" is from the process's start
+(Python's imports included) to the end of round 0; peak RSS is the driver's plus every Ray process
+it started, and the last column is that divided by the registered clients.
 """
 
 DRIVER_TEXT = """\
@@ -289,10 +293,17 @@ def sweep_section(result: dict[str, Any]) -> str:
 
 
 def scale_section(result: dict[str, Any]) -> str:
-    rows = [[f"{r['clients']:,}", f"{r['seconds_per_round_median']:.2f} s", f"{r['seconds_per_round_vs_first']:.2f}x",
-             f"{r['peak_rss_mb'] / 1024:.1f} GB"] for r in result["runs"]]
-    body = table(("registered clients", "a round", "against the first", "peak RSS"), rows)
+    rows = [[f"{r['clients']:,}", f"{r['seconds_per_round_median']:.3f} s", f"{r['seconds_per_round_vs_first']:.2f}x",
+             f"{r['first_round_done_after_start_seconds']:.1f} s" if "first_round_done_after_start_seconds" in r else "",
+             f"{r['peak_rss_mb'] / 1024:.2f} GB", bytes_per_client(r)] for r in result["runs"]]
+    body = table(("registered clients", "a round", "against the first", "first round done", "peak RSS",
+                  "bytes per registered client"), rows)
     return f"{SCALE_TEXT}\n{body}\n\n{caption(f'{CPU}/scale.json', result)}\n"
+
+
+def bytes_per_client(run: dict[str, Any]) -> str:
+    per = run["peak_rss_mb"] * 2**20 / run["clients"]
+    return f"{per:,.0f}" if per >= 10 else f"{per:.3g}"
 
 
 def driver_section(result: dict[str, Any]) -> str:
@@ -335,10 +346,10 @@ def readme_figures() -> dict[str, str]:
             if "error" not in systems.get(name, {"error": ""}):
                 figures[f"{name} over rayfl"] = seconds_over_rayfl(systems[name]["seconds_per_round"], rayfl)
     if scale := load(f"{CPU}/scale.json"):
-        million = scale["runs"][-1]
-        figures["scale: seconds per round at the largest population"] = f"{million['seconds_per_round_median']:.2f} s"
-        figures["scale: against the smallest"] = f"{million['seconds_per_round_vs_first']:.2f}x"
-        figures["scale: peak memory"] = f"{million['peak_rss_mb'] / 1024:.1f} GB"
+        largest = scale["runs"][-1]
+        figures["scale: seconds per round at the largest population"] = f"{largest['seconds_per_round_median']:.3f} s"
+        figures["scale: against the smallest"] = f"{largest['seconds_per_round_vs_first']:.2f}x"
+        figures["scale: peak memory"] = f"{largest['peak_rss_mb'] / 1024:.2f} GB"
     return figures
 
 

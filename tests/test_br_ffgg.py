@@ -43,7 +43,7 @@ class Upload:
 def pipeline(num_clients: int, *robust: str) -> RoundPipeline:
     """The robust pipeline of a br_ffgg job, with the Federation's few fields it reads."""
     cfg = load_config(None, ["algorithm.name=br_ffgg", f"partition.num_clients={num_clients}", *robust])
-    fed = SimpleNamespace(seed=cfg.run.seed, num_clients=num_clients, trainable_clients=np.arange(num_clients),
+    fed = SimpleNamespace(seed=cfg.run.seed, num_clients=num_clients, population=SimpleNamespace(num_trainable=num_clients),
                           dataset=SimpleNamespace(num_classes=10), client_tags={})
     p = RoundPipeline(cfg, fed)
     p.upload_spec(("delta",), list(range(num_clients)))
