@@ -13,7 +13,7 @@ runs.parquet (one row a run; rows of the same population, seed and setting are r
 others kept, so more populations are just another invocation), accounting.parquet,
 population_dp.md (the tables) and population_dp.png (epsilon and accuracy against N).
 
-    python scripts/population_dp.py                      # 10^4..10^7 x 3 seeds, about 6 minutes on 2 cores
+    python scripts/population_dp.py                      # 10^4..10^7 x 3 seeds: 19 minutes on 2 busy cores
     python scripts/population_dp.py --populations 100000000 1000000000   # add 10^8 and 10^9
     python scripts/population_dp.py --table-only         # the tables and plot from runs.parquet
     python scripts/population_dp.py --table-only --page docs/replications/population-dp.md
