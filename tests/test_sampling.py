@@ -64,6 +64,11 @@ def test_uniform_sampling_is_without_replacement_and_uniform_over_trainable_clie
     assert uniform_inclusion(upper) > ALPHA
 
 
+def test_a_stored_populations_sizes_take_4_bytes_a_client():
+    pop = population(60)
+    assert pop.sizes.dtype == np.int32 and not pop.sizes.flags.writeable and pop.sizes[7] == 0
+
+
 def test_the_same_round_draws_the_same_clients():
     assert population(500).sample(4, 10) == population(500).sample(4, 10)
     assert population(500).sample(4, 10) != population(500).sample(5, 10)

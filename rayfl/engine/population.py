@@ -55,8 +55,8 @@ class Population:
         makes them on demand); read-only."""
         if self._sizes is None:
             sizes = self.dataset.client_sizes()
-            if isinstance(sizes, np.ndarray):
-                sizes = sizes.view()
+            if isinstance(sizes, np.ndarray):  # a stored population: 4 bytes a client where they fit
+                sizes = sizes.astype(np.int32) if sizes.size and sizes.max() < 2**31 else sizes.copy()
                 sizes.flags.writeable = False
             self._sizes = sizes
         return self._sizes
