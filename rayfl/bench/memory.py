@@ -3,8 +3,8 @@
 A host should hold a few copies of the model, whatever its share of the round: its clients'
 outputs the server only sums go into partial sums as they are made (rayfl.engine.partials) and a
 batched call runs in chunks (`engine.clients_per_chunk`). This bench runs FedAvg rounds of a
-19.2M-parameter MLP (784-4000-4000-10, 77 MB of float32 parameters) on 2 hosts, every client of
-the population in every round, at several cohort sizes, with and without vectorisation
+19.2M-parameter MLP (784-4000-4000-10, 77 MB of float32 parameters; 2 local steps of 10 samples)
+on 2 hosts, every client of the population in every round, at several cohort sizes, with and without vectorisation
 (`engine.vectorize` off and auto), pre-aggregation at its default (on).
 
 Each size runs in a fresh Python process (its own local Ray). Per size it reports the peak
@@ -34,6 +34,7 @@ from rayfl.bench.workloads import MNIST_SHAPED
 HIDDEN = "[4000,4000]"  # 784-4000-4000-10: 19.2M parameters
 MODEL = "MLP 784-4000-4000-10 (19.2M parameters, 77 MB)"
 HOSTS = 2
+LOCAL_STEPS = 2  # of 10 samples: memory does not depend on them, the bench's minutes do
 VECTORIZE = ("off", "auto")
 MB = 2**20
 
@@ -45,7 +46,8 @@ def measure_one(clients: int, rounds: int, vectorize: str, out: Path, hidden: st
     from rayfl.runner import run_experiment
 
     cfg = load_config(None, [
-        *MNIST_SHAPED, "model.name=mlp", f"model.hidden={hidden}",
+        *MNIST_SHAPED, "model.name=mlp", f"model.hidden={hidden}", "algorithm.local_epochs=null",
+        f"algorithm.local_steps={LOCAL_STEPS}",
         f"partition.num_clients={clients}", f"algorithm.clients_per_round={clients}",
         f"engine.num_hosts={HOSTS}", "engine.pool=off", f"engine.vectorize={vectorize}",
         f"run.rounds={rounds}", f"run.eval_every={rounds}", "run.experiment=bench_memory",
@@ -94,7 +96,7 @@ def run_memory_bench(clients: Sequence[int], rounds: int, out: Path, vectorize: 
                          "seconds_per_round_median": r["seconds_per_round_median"]} for r in mine]
     summary = {
         "workload": "memory",
-        "what": f"FedAvg, {MODEL if hidden == HIDDEN else f'MLP hidden {hidden}'}, {HOSTS} hosts, every client "
+        "what": f"FedAvg ({LOCAL_STEPS} local steps of 10 samples), {MODEL if hidden == HIDDEN else f'MLP hidden {hidden}'}, {HOSTS} hosts, every client "
                 "in every round, pre-aggregation on; peak RSS of each host process and of the whole process tree",
         "rounds": rounds,
         "curves": curves,

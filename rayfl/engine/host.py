@@ -206,9 +206,11 @@ class ClientHostImpl:
         way out (compression with error feedback, clipping, local noise) before any is kept.
 
         `presum` (key -> `Expected`: the last grid exponent, task id -> weight, the call's
-        total weight): the sums `reduce` would give for those weights, computed at once and
-        carried by the first record under PRESUM as key -> [(exponent, weights, total)], so
-        the driver need not ask again when its sum turns out to be one of them."""
+        total weight): the sums `reduce` would give for those weights, computed at once. A
+        call that holds its outputs sends them with its first record under PRESUM, as key ->
+        [(exponent, weights, total)], so the driver need not ask again when its sum turns out
+        to be that one; a larger call's partial sums, one per likely grid, stay here for
+        `reduce` (sending them all would cost more than the second call)."""
         if settle:
             self.settle(settle)
         self.partials = self.kept_call = None
@@ -222,7 +224,7 @@ class ClientHostImpl:
             records = self._execute(fn, jobs, None if partials is None else partials.take)
         if partials is not None:
             self.partials, self.kept_call = partials, _KeptJobs(fn, jobs, dict(foreign or {}))
-            if presum and records:
+            if presum and records and partials.hold:  # else `reduce` answers from the partial sums
                 records[0][PRESUM] = partials.presums()
         return records
 
@@ -276,33 +278,37 @@ class ClientHostImpl:
                   take: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
         """One record per job, in chunks of `engine.clients_per_chunk` jobs: a chunk as one
         batch through `fn`'s twin under `engine.vectorize`, else one after another. `take`
-        sees each chunk's records before the next chunk runs (it moves their large outputs
-        out), so a host holds one chunk's outputs at a time, not the call's."""
+        sees each record as soon as its chunk (or, in the loop, its job) is done, before the
+        next runs: it moves the large outputs out, so a host holds one chunk's at a time."""
         for job in jobs:
             if job.client not in self.client_train and job.client not in self.foreign:
                 raise KeyError(f"host {self.host_id} does not host client {job.client}")
+
+        def done(rec: dict[str, Any]) -> dict[str, Any]:
+            if rec["client"] in self.foreign and rec["state_changed"]:
+                raise RuntimeError(f"client function {getattr(fn, '__name__', fn)} is marked stateless "
+                                   f"(rayfl.stateless) but changed client {rec['client']}'s state")
+            if take is not None:
+                take(rec)
+            return rec
+
         records: list[dict[str, Any]] = []
         for start in range(0, len(jobs), self.chunk):
-            chunk = self._run_chunk(fn, jobs[start:start + self.chunk])
-            for rec in chunk:
-                if rec["client"] in self.foreign and rec["state_changed"]:
-                    raise RuntimeError(f"client function {getattr(fn, '__name__', fn)} is marked stateless "
-                                       f"(rayfl.stateless) but changed client {rec['client']}'s state")
-                if take is not None:
-                    take(rec)
-            records.extend(chunk)
+            records.extend(self._run_chunk(fn, jobs[start:start + self.chunk], done))
         return records
 
-    def _run_chunk(self, fn: ClientFn, jobs: list[_Job]) -> list[dict[str, Any]]:
-        """One chunk's records: as one batch through `fn`'s twin, in lockstep where `fn` has
-        none, or one after another (a client's numbers do not depend on its chunk)."""
+    def _run_chunk(self, fn: ClientFn, jobs: list[_Job],
+                   done: Callable[[dict[str, Any]], dict[str, Any]]) -> list[dict[str, Any]]:
+        """One chunk's records, each through `done`: as one batch through `fn`'s twin, in
+        lockstep where `fn` has none, or one after another (a client's numbers do not depend
+        on its chunk)."""
         twin = use_batched(self.vectorize, fn, len(jobs))
         records = None if twin is None else self._run_batched(twin, jobs)
         if twin is None and self.vectorize != "off":  # no twin: its rayfl.local_sgd calls run batched
             records = self._run_lockstep(fn, jobs)
         if records is None:
-            records = [self._run_one(fn, job) for job in jobs]
-        return records
+            return [done(self._run_one(fn, job)) for job in jobs]
+        return [done(rec) for rec in records]
 
     def _run_one(self, fn: ClientFn, job: _Job) -> dict[str, Any]:
         state, ctx = self._prepare(job)
@@ -322,7 +328,7 @@ class ClientHostImpl:
         if terms is None and exponent is not None:
             part = partials.partial(key, weights, exponent)
             if part is not None:
-                return part.copy()
+                return part
         if terms is None:
             return self._replayed_sum(key, weights, exponent)
         if exponent is None:

@@ -96,9 +96,11 @@ class HostPartials:
         return [(self.values[t].pop(key), w) for t, w in sorted(weights.items())]
 
     def partial(self, key: str, weights: Mapping[int, float], exponent: int | None) -> np.ndarray | None:
-        """The partial sum made for exactly these weights on this grid, if one was."""
+        """The partial sum made for exactly these weights on this grid, if one was; the key's
+        partial sums are given up with it (the driver asks for a key's sum once)."""
         for e, mine, total in self.presums().get(key, []):
             if e == exponent and mine == {t: float(w) for t, w in weights.items()}:
+                del self.sums[key]
                 return total
         return None
 
