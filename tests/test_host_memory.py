@@ -13,7 +13,7 @@ from host_fixtures import sized_host
 
 from rayfl.algorithms.fedavg import fedavg_client
 from rayfl.algorithms.local import LocalSchedule
-from rayfl.config import section_config
+from rayfl.config import ConfigError, load_config, section_config
 from rayfl.engine.exact_sum import PRESUM, common_exponent, fixed_point_sum, max_abs
 from rayfl.engine.partials import Expected
 
@@ -99,3 +99,8 @@ def test_partial_sums_and_replays_give_the_held_outputs_bits(vectorize):
         np.testing.assert_array_equal(chunked.reduce("delta", weights, e), want)
     one = chunked.reduce("delta", {4: 0.5}, None)  # a sum of one term: float64(v) * w
     np.testing.assert_array_equal(one, np.multiply(outputs[4], 0.5, dtype=np.float64))
+
+
+def test_clients_per_chunk_is_validated():
+    with pytest.raises(ConfigError, match="engine.clients_per_chunk"):
+        load_config(None, ["engine.clients_per_chunk=0"])

@@ -2,10 +2,11 @@
 
 A call of at most `engine.clients_per_chunk` clients on a host keeps each such output until the
 driver asks for its weighted sum (`ClientHostImpl.reduce`), plus, where the driver expects the
-round's weights, their partial sum on the last sum's grid. A larger call keeps no output: each
-is added, as it is made, to partial sums on the grids the driver is likely to ask for (the last
-sum's exponent and its two neighbours; on a first sum, those the first output suggests) and
-dropped, so a host's memory grows with the model, not with its clients. A sum on another grid
+round's weights, their partial sum on the last sum's grid, sent with the call's answer. A larger
+call keeps no output: each is added, as it is made, to partial sums on the grids the driver is
+likely to ask for (the last sum's exponent and its two neighbours; on a first sum, those the
+first output suggests) and dropped, so a host's memory grows with the model, not with its
+clients; `reduce` answers with the one asked for. A sum on another grid
 or with other weights (a client dropped, a grid two steps away) re-runs the call's tasks on the
 host: until the driver settles them their inputs, committed states and seeds are unchanged, so
 they give the same outputs and the sum the same bits (rayfl.engine.exact_sum)."""
