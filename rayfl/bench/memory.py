@@ -86,24 +86,31 @@ def run_memory_bench(clients: Sequence[int], rounds: int, out: Path, vectorize: 
     for mode in vectorize:
         rows += measure_each_in_process("rayfl.bench.memory", "--clients", clients, out.with_name(f"{out.stem}_{mode}"),
                                         "--rounds", str(rounds), "--vectorize", mode, "--hidden", hidden)
-    curves = {}
-    for mode in vectorize:
-        mine = [r for r in rows if r["vectorize"] == mode]
-        base = mine[0]
-        curves[mode] = [{"clients_per_round": r["clients_per_round"], "host_peak_rss_mb": r["host_peak_rss_mb"],
-                         "tree_peak_rss_mb": r["tree_peak_rss_mb"],
-                         "tree_above_first_mb": round(r["tree_peak_rss_mb"] - base["tree_peak_rss_mb"], 1),
-                         "seconds_per_round_median": r["seconds_per_round_median"]} for r in mine]
-    summary = {
+    summary = summarize(rows, rounds, hidden)
+    write_result(out, summary, rows)
+    return summary
+
+
+def summarize(rows: Sequence[dict[str, Any]], rounds: int, hidden: str = HIDDEN) -> dict[str, Any]:
+    """The summary of per-run rows (`measure_one`'s results): one curve per `engine.vectorize`
+    mode, in the rows' order, each size's tree peak also against the mode's first size."""
+    curves: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        mine = curves.setdefault(r["vectorize"], [])
+        base = mine[0]["tree_peak_rss_mb"] if mine else r["tree_peak_rss_mb"]
+        mine.append({"clients_per_round": r["clients_per_round"], "host_peak_rss_mb": r["host_peak_rss_mb"],
+                     "tree_peak_rss_mb": r["tree_peak_rss_mb"],
+                     "tree_above_first_mb": round(r["tree_peak_rss_mb"] - base, 1),
+                     "seconds_per_round_median": r["seconds_per_round_median"]})
+    model = MODEL if hidden == HIDDEN else f"MLP hidden {hidden}"
+    return {
         "workload": "memory",
-        "what": f"FedAvg ({LOCAL_STEPS} local steps of 10 samples), {MODEL if hidden == HIDDEN else f'MLP hidden {hidden}'}, {HOSTS} hosts, every client "
+        "what": f"FedAvg ({LOCAL_STEPS} local steps of 10 samples), {model}, {HOSTS} hosts, every client "
                 "in every round, pre-aggregation on; peak RSS of each host process and of the whole process tree",
         "rounds": rounds,
         "curves": curves,
         "target": "at 100 clients a round, the tree's peak at most 1.5 GB above the 10-client run's",
     }
-    write_result(out, summary, rows)
-    return summary
 
 
 def main(argv: list[str] | None = None) -> None:
