@@ -33,6 +33,7 @@ examples:
   rayfl pool start --address auto             warm hosts on a running Ray: runs joining it start faster
   rayfl bench scale --clients 10000           seconds per round and peak memory at scale
   rayfl bench driver --hosts 2,4,8,16,32      the driver's CPU per round as the hosts grow (ms per host)
+  rayfl bench memory --clients 10,40,100,400  each host's peak memory against the clients of a round
   rayfl bench async --clients 1000            stragglers: sync vs deadline vs FedBuff; async speed-up
   rayfl bench zo                              wall time of a ZO-HFL round vs FedAvg rounds (offline MNIST)
   rayfl bench fedavg-mlp                      rayfl (vectorised / loop, 1 and 2 hosts) vs a plain PyTorch loop
@@ -198,6 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
     drv.add_argument("--hosts", type=_int_list, default=[2, 4, 8, 16, 32], help="host counts, e.g. 2,4,8,16,32")
     drv.add_argument("--rounds", type=int, default=40)
     drv.add_argument("--out", default="bench/driver.json")
+    mem = bsub.add_parser("memory", help="each host's peak memory against the clients of a round (19.2M-parameter MLP)")
+    mem.add_argument("--clients", type=_int_list, default=[10, 40, 100, 400], help="clients a round, e.g. 10,40,100,400")
+    mem.add_argument("--rounds", type=int, default=3)
+    mem.add_argument("--vectorize", type=_vectorize_list, default=["off", "auto"],
+                     help="engine.vectorize modes, each run at every size (default off,auto)")
+    mem.add_argument("--out", default="bench/memory.json")
     asyn = bsub.add_parser(
         "async", help="stragglers: simulated time to accuracy (sync / deadline / FedBuff) and async wall speed-up"
     )
@@ -599,6 +606,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from rayfl.bench.driver import run_driver_bench
 
         result = run_driver_bench(args.hosts, args.rounds, Path(args.out))
+    elif args.bench == "memory":
+        from rayfl.bench.memory import run_memory_bench
+
+        result = run_memory_bench(args.clients, args.rounds, Path(args.out), tuple(args.vectorize))
     elif args.bench == "startup":
         from rayfl.bench.startup import run_startup_bench
 

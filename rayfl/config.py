@@ -415,6 +415,12 @@ class EngineConfig:
     # offers a batched client function: auto where it pays (rayfl's MLP / linear kernel, other
     # networks on a GPU), on, or off (the plain loop; equal to float32 tolerance).
     vectorize: Literal["auto", "on", "off"] = "auto"
+    # Most clients a host holds model-sized outputs of at once (an integer > 0), or auto: as many as
+    # 1 GiB holds at two copies of the model each (6 for a 19.2M-parameter MLP; any call of rayfl's
+    # small models). A batched call runs in chunks of this many clients, and a pre-aggregated call
+    # of more keeps partial sums instead of its outputs, so a host's memory follows the model, not
+    # its cohort (rayfl bench memory). The same results for any value.
+    clients_per_chunk: int | Literal["auto"] = "auto"
     # Train 2-D convolutions with channels-last weights in rayfl.local_sgd's client loop
     # (rayfl.models.channels_last): auto on a CPU where the model runs that way (1.1-1.2x a
     # convnet's round), on (also on a GPU; an error for a model that cannot), or off (PyTorch's
@@ -445,6 +451,8 @@ class EngineConfig:
             _positive("engine.num_hosts", self.num_hosts)
         if self.clients_per_host != "auto":
             _positive("engine.clients_per_host", self.clients_per_host)
+        if self.clients_per_chunk != "auto":
+            _positive("engine.clients_per_chunk", self.clients_per_chunk)
         if self.num_cpus_per_host < 0:
             raise ConfigError("engine.num_cpus_per_host", "must be >= 0")
         if self.num_gpus_per_host < 0:

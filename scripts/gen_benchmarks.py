@@ -152,6 +152,22 @@ Per host and round the driver makes one call and reads one answer, and handles f
 results and table rows; the marginal figure is the slope of a line fitted over all counts.
 """
 
+MEMORY_TEXT = """\
+## memory
+
+```
+rayfl bench memory --clients 10,40,100,400
+```
+
+Each host's peak memory against the clients of a round: FedAvg on an MLP 784-4000-4000-10
+(19.2M parameters, 77 MB in float32), two local steps of 10 samples a client on MNIST-shaped
+synthetic data, every client in every round, 3 rounds on 2 hosts, pre-aggregation on (the
+default), `engine.vectorize` off and auto, each size in its own process. Peak RSS is sampled
+every 0.25 s: each host process's, and the process tree's (the driver, Ray's processes and both
+hosts). Beyond `engine.clients_per_chunk` clients (here 6) a host keeps partial sums of its
+clients' updates instead of the updates (`rayfl/engine/partials.py`).
+"""
+
 NOT_HERE = """\
 ## Benches without a committed result
 
@@ -316,6 +332,19 @@ def driver_section(result: dict[str, Any]) -> str:
     return f"{DRIVER_TEXT}\n{body}\n\n{fit}\n\n{caption(f'{CPU}/driver.json', result)}\n"
 
 
+def gb(mb: float) -> str:
+    return f"{mb / 1024:.2f} GB"
+
+
+def memory_section(result: dict[str, Any]) -> str:
+    rows = [[f"`{mode}`", str(r["clients_per_round"]), " / ".join(gb(h) for h in r["host_peak_rss_mb"]),
+             gb(r["tree_peak_rss_mb"]), f"{r['tree_above_first_mb'] / 1024:+.2f} GB", f"{r['seconds_per_round_median']:.1f} s"]
+            for mode, curve in result["curves"].items() for r in curve]
+    body = table(("`engine.vectorize`", "clients a round", "peak RSS of each host", "peak RSS of the tree",
+                  "tree against the first size", "a round"), rows)
+    return f"{MEMORY_TEXT}\n{body}\n\nTarget: {result['target']}.\n\n{caption(f'{CPU}/memory.json', result)}\n"
+
+
 def render() -> str:
     sections = [INTRO]
     if peers := load(f"{CPU}/peers.json"):
@@ -327,6 +356,8 @@ def render() -> str:
         sections.append(scale_section(result))
     if result := load(f"{CPU}/driver.json"):
         sections.append(driver_section(result))
+    if result := load(f"{CPU}/memory.json"):
+        sections.append(memory_section(result))
     if result := load(f"{CPU}/async.json"):
         sections.append(async_section(result))
     if result := load(f"{CPU}/sweep.json"):

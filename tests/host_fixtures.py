@@ -14,12 +14,12 @@ from rayfl.engine.host import ClientHostImpl
 
 def sized_host(sizes: Mapping[int, int], features: int | tuple[int, ...], classes: int, model: ModelConfig, seed: int,
                flops_per_sample: float, vectorize: str, device: str = "auto", tokens: bool = False,
-               channels_last: str = "off") -> ClientHostImpl:
+               channels_last: str = "off", clients_per_chunk: int | str = "auto") -> ClientHostImpl:
     """A host of clients with `sizes[c]` rows each (0 allowed), Gaussian features and uniform
     labels from one fixed stream, so two hosts built alike hold the same data. `features` is
     a row's width or its shape (images: (C, H, W)); with `tokens` the rows are int64 token
     sequences over a vocabulary of `classes` instead of Gaussian floats. `channels_last` is
-    `engine.channels_last`."""
+    `engine.channels_last`, `clients_per_chunk` `engine.clients_per_chunk`."""
     rng = np.random.default_rng(0)
     n = sum(sizes.values())
     shape = (features,) if isinstance(features, int) else tuple(features)
@@ -30,7 +30,7 @@ def sized_host(sizes: Mapping[int, int], features: int | tuple[int, ...], classe
     clients = {c: np.arange(bounds[i], bounds[i + 1]) for i, c in enumerate(sizes)}
     return ClientHostImpl(0, arrays, clients, None, model, shape, classes, seed,
                           flops_per_sample=flops_per_sample, vectorize=vectorize, device=device,
-                          channels_last=channels_last)
+                          channels_last=channels_last, clients_per_chunk=clients_per_chunk)
 
 
 def assert_records_match(loop: list[dict], vec: list[dict], wider: dict[str, dict] | None = None, **tol: float) -> None:

@@ -223,8 +223,10 @@ def run(tmp, name, *extra):
 @pytest.fixture(scope="module")
 def fedavg_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("preagg")
-    runs = {h: run(tmp, f"on{h}", f"engine.num_hosts={h}", "engine.vectorize=on", "engine.preaggregate=on")
-            for h in (1, 2, 3)}
+    # two hosts of 3 clients in chunks of 2: partial sums on the hosts, no output held (rayfl.engine.partials)
+    chunks = {2: ["engine.clients_per_chunk=2"]}
+    runs = {h: run(tmp, f"on{h}", f"engine.num_hosts={h}", "engine.vectorize=on", "engine.preaggregate=on",
+                   *chunks.get(h, [])) for h in (1, 2, 3)}
     return runs
 
 

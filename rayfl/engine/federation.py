@@ -43,6 +43,7 @@ from rayfl.engine.exact_sum import (
 )
 from rayfl.engine.host import ClientFn
 from rayfl.engine.hosts import Hosts
+from rayfl.engine.partials import Expected, Partial, total_weight
 from rayfl.engine.placement import Placement
 from rayfl.engine.population import Population
 from rayfl.engine.resources import check_cluster
@@ -112,7 +113,7 @@ class Federation:
         self.pools: list[AsyncPool] = []  # every async pool made, in order (a checkpoint holds their tasks)
         self._inputs: dict[int, TaskInput] = {}  # task id -> what it was given, until decided
         self._kept_call: KeptCall | None = None  # the last call's outputs kept on hosts
-        self._presums: dict[int, dict[str, tuple[int, dict[int, float], np.ndarray]]] = {}  # host -> key -> partial
+        self._presums: dict[int, dict[str, list[Partial]]] = {}  # host -> key -> partial sums
         self._exponents: dict[str, int] = {}  # key -> its last weighted sum's grid exponent
         self.presums_used = 0  # host partial sums taken from a call's answer, without asking again
         self._journal: list[TaskInput] = []  # accepted state-changing tasks since the checkpoint
@@ -322,8 +323,8 @@ class Federation:
         budgets = None
         if timed and sys_cfg.policy == "deadline" and sys_cfg.late_policy == "partial":
             budgets = deadline_budgets(self.system, ids, sys_cfg.deadline, payload, per_client, uploads, self.num_params)
-        expected = {key: (self._exponents[key], weights) for key, weights in (expect_weights or {}).items()
-                    if key in keep and key in self._exponents and uploads is None}
+        expected = {key: (self._exponents.get(key), weights, total_weight(weights))
+                    for key, weights in (expect_weights or {}).items() if key in keep and uploads is None}
         by_host = self.assign(ids, fn, payload, per_client)
         foreign = {h: {c: self.population.rows_of(c) for c in hids if self.host_of(c) != h} for h, hids in by_host.items()}
         payload_ref = ray.put(payload)  # shipped once; hosts read it zero-copy
@@ -338,7 +339,8 @@ class Federation:
             sub = {c: per_client[c] for c in hids if c in per_client} if per_client else None
             bud = {c: budgets[c] for c in hids} if budgets is not None else None
             mine = {c: tasks[c] for c in hids}
-            presum = {key: (e, {tasks[c]: float(w[c]) for c in hids if c in w}) for key, (e, w) in expected.items()}
+            presum = {key: Expected(e, {tasks[c]: float(w[c]) for c in hids if c in w}, total)
+                      for key, (e, w, total) in expected.items()}
             return self.hosts[h].run_call.remote(payload_ref, (fn, hids, round, sub, bud, mine, self.take_decisions(h),
                                                               keep, foreign[h] or None, uploads, presum or None))
 
@@ -453,12 +455,13 @@ class Federation:
                                        "call fed.weighted_sum before the next fed.call")
                 by_host.setdefault(r.host, {})[r.task] = w
         self._exponents[key] = exponent
-        for h in list(by_host):  # partial sums the hosts made with the call, if they are these
-            exponent_then, weights_then, part = self._presums.get(h, {}).get(key, (None, None, None))
-            if exponent_then == exponent and weights_then == by_host[h]:
-                total += part
-                del by_host[h]
-                self.presums_used += 1
+        for h in list(by_host):  # partial sums the hosts made with the call, if one is this
+            for exponent_then, weights_then, part in self._presums.get(h, {}).get(key, []):
+                if exponent_then == exponent and weights_then == by_host[h]:
+                    total += part
+                    del by_host[h]
+                    self.presums_used += 1
+                    break
         if by_host:
             def launch(h: int) -> Any:
                 return self.hosts[h].reduce.remote(key, by_host[h], exponent)

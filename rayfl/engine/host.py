@@ -30,8 +30,9 @@ from rayfl.config import ConfigError, ModelConfig, section_config
 from rayfl.data.lazy import ClientIds
 from rayfl.data.rows import host_rows, is_file_rows
 from rayfl.engine.context import ClientContext
-from rayfl.engine.exact_sum import PRESUM, FixedPointSum, KeptValue, fixed_point_sum
+from rayfl.engine.exact_sum import PRESUM, FixedPointSum, fixed_point_sum
 from rayfl.engine.lockstep import Lockstep, solve_together
+from rayfl.engine.partials import Expected, HostPartials
 from rayfl.engine.payload import payload_nbytes, to_numpy_tree
 from rayfl.engine.state_codec import check_savable
 from rayfl.engine.vectorized import BatchedFn, use_batched, vectorize_mode
@@ -75,6 +76,15 @@ class _Job:
     uploads: UploadSpec | None = None
 
 
+@dataclass(frozen=True)
+class _KeptJobs:
+    """A pre-aggregated call as it ran: enough to run it again for a sum (rayfl.engine.partials)."""
+
+    fn: ClientFn
+    jobs: list[_Job]
+    foreign: dict[int, Rows]
+
+
 class ClientHostImpl:
     """The host's logic, kept free of Ray so it can be unit-tested and run in-process."""
 
@@ -95,6 +105,7 @@ class ClientHostImpl:
         vectorize: str = "off",
         plugins: Plugins | None = None,
         channels_last: str = "off",
+        clients_per_chunk: int | str = "auto",
     ):
         # The run's user code first: what it names must import here before anything uses it
         # (the model's config may be a user's class, so it comes as a mapping). A host that
@@ -137,7 +148,9 @@ class ClientHostImpl:
             return
         self.states: dict[int, dict[str, Any]] = ClientStates()  # {} until a client first runs
         self.staged: dict[int, tuple[int, dict[str, Any]]] = {}  # task id -> (client, new state)
-        self.kept: dict[int, dict[str, np.ndarray]] = {}  # task id -> outputs kept for `reduce`
+        self.chunk = chunk_clients(clients_per_chunk, self.model)
+        self.partials: HostPartials | None = None  # the last call's kept outputs or their partial sums
+        self.kept_call: _KeptJobs | None = None  # and how to run it again (rayfl.engine.partials)
         self.foreign: dict[int, Rows] = {}  # other hosts' clients, this call only
 
     def _input_dtype(self) -> torch.dtype:
@@ -170,7 +183,7 @@ class ClientHostImpl:
         keep: tuple[str, ...] = (),
         foreign: Mapping[int, Rows] | None = None,
         uploads: UploadSpec | None = None,
-        presum: Mapping[str, tuple[int, Mapping[int, float]]] | None = None,
+        presum: Mapping[str, Expected] | None = None,
     ) -> list[dict[str, Any]]:
         """Run `fn` for each client in `client_ids` (one after another, in id order, or as one
         batch through its registered twin under `engine.vectorize`) and return
@@ -186,26 +199,33 @@ class ClientHostImpl:
         `settle` (task id -> accepted) applies the driver's earlier decisions first.
 
         `keep` (pre-aggregation; needs `task_ids`): these output arrays stay here, replaced in
-        the record by a `KeptValue`, until `reduce` sums them or the host's next `run`.
+        the record by a `KeptValue`, until `reduce` sums them or the host's next `run`; beyond
+        `engine.clients_per_chunk` clients only their partial sums do (rayfl.engine.partials).
 
         `uploads` (rayfl.pipeline.uploads) transforms each answer's model-shaped keys on the
         way out (compression with error feedback, clipping, local noise) before any is kept.
 
-        `presum` (key -> (grid exponent, task id -> weight)): the sum `reduce` would give for
-        those weights and exponent, computed at once and carried by the first record under
-        PRESUM, so the driver need not ask again when its sum turns out to be that one (the
-        kept outputs stay for `reduce` otherwise)."""
+        `presum` (key -> `Expected`: the last grid exponent, task id -> weight, the call's
+        total weight): the sums `reduce` would give for those weights, computed at once. A
+        call that holds its outputs sends them with its first record under PRESUM, as key ->
+        [(exponent, weights, total)], so the driver need not ask again when its sum turns out
+        to be that one; a larger call's partial sums, one per likely grid, stay here for
+        `reduce` (sending them all would cost more than the second call)."""
         if settle:
             self.settle(settle)
-        self.kept.clear()
+        self.partials = self.kept_call = None
         jobs = [_Job(cid, round, broadcast, per_client.get(cid, {}) if per_client else {},
                      budgets.get(cid) if budgets else None, None if task_ids is None else task_ids[cid], uploads)
                 for cid in sorted(client_ids)]
+        if keep and task_ids is None:
+            raise ValueError("keeping outputs on the host needs task ids")
+        partials = HostPartials(keep, task_ids, presum, hold=len(jobs) <= self.chunk) if keep else None
         with self._visiting(foreign):
-            records = self._execute(fn, jobs)
-            presums = self._keep(records, keep, task_ids, presum) if keep else {}
-        if presum and keep and records:
-            records[0][PRESUM] = presums
+            records = self._execute(fn, jobs, None if partials is None else partials.take)
+        if partials is not None:
+            self.partials, self.kept_call = partials, _KeptJobs(fn, jobs, dict(foreign or {}))
+            if presum and records and partials.hold:  # else `reduce` answers from the partial sums
+                records[0][PRESUM] = partials.presums()
         return records
 
     def run_tasks(self, tasks: Sequence[HostTask], settle: Mapping[int, bool] | None,
@@ -218,7 +238,7 @@ class ClientHostImpl:
         have several tasks here, each staging its own new state."""
         if settle:
             self.settle(settle)
-        self.kept.clear()
+        self.partials = self.kept_call = None
         records: list[dict[str, Any]] = [{} for _ in tasks]
         with self._visiting({t.client: t.rows for t in tasks if t.rows is not None}):
             for fn, where in _by_function(tasks).items():
@@ -240,11 +260,12 @@ class ClientHostImpl:
                     self.states.pop(cid, None)
             self.foreign = {}
 
-    def _execute(self, fn: ClientFn, jobs: list[_Job]) -> list[dict[str, Any]]:
+    def _execute(self, fn: ClientFn, jobs: list[_Job],
+                 take: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
         """`_run_jobs`, an exception of the user's own code (a client function or model of a
         package of theirs) told as a UserCodeError naming the clients and round."""
         try:
-            return self._run_jobs(fn, jobs)
+            return self._run_jobs(fn, jobs, take)
         except Exception as e:
             clients = ", ".join(str(job.client) for job in jobs)
             where = f"client{'s' if len(jobs) > 1 else ''} {clients}, round {jobs[0].round}" if jobs else ""
@@ -253,72 +274,99 @@ class ClientHostImpl:
                 raise
             raise err from None
 
-    def _run_jobs(self, fn: ClientFn, jobs: list[_Job]) -> list[dict[str, Any]]:
-        """One record per job: all of them as one batch through `fn`'s twin under
-        `engine.vectorize`, else one after another."""
+    def _run_jobs(self, fn: ClientFn, jobs: list[_Job],
+                  take: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+        """One record per job, in chunks of `engine.clients_per_chunk` jobs: a chunk as one
+        batch through `fn`'s twin under `engine.vectorize`, else one after another. `take`
+        sees each record as soon as its chunk (or, in the loop, its job) is done, before the
+        next runs: it moves the large outputs out, so a host holds one chunk's at a time."""
         for job in jobs:
             if job.client not in self.client_train and job.client not in self.foreign:
                 raise KeyError(f"host {self.host_id} does not host client {job.client}")
+
+        def done(rec: dict[str, Any]) -> dict[str, Any]:
+            if rec["client"] in self.foreign and rec["state_changed"]:
+                raise RuntimeError(f"client function {getattr(fn, '__name__', fn)} is marked stateless "
+                                   f"(rayfl.stateless) but changed client {rec['client']}'s state")
+            if take is not None:
+                take(rec)
+            return rec
+
+        records: list[dict[str, Any]] = []
+        for start in range(0, len(jobs), self.chunk):
+            records.extend(self._run_chunk(fn, jobs[start:start + self.chunk], done))
+        return records
+
+    def _run_chunk(self, fn: ClientFn, jobs: list[_Job],
+                   done: Callable[[dict[str, Any]], dict[str, Any]]) -> list[dict[str, Any]]:
+        """One chunk's records, each through `done`: as one batch through `fn`'s twin, in
+        lockstep where `fn` has none, or one after another (a client's numbers do not depend
+        on its chunk)."""
         twin = use_batched(self.vectorize, fn, len(jobs))
         records = None if twin is None else self._run_batched(twin, jobs)
         if twin is None and self.vectorize != "off":  # no twin: its rayfl.local_sgd calls run batched
             records = self._run_lockstep(fn, jobs)
         if records is None:
-            records = [self._run_one(fn, job) for job in jobs]
-        for rec in records:
-            if rec["client"] in self.foreign and rec["state_changed"]:
-                raise RuntimeError(f"client function {getattr(fn, '__name__', fn)} is marked stateless "
-                                   f"(rayfl.stateless) but changed client {rec['client']}'s state")
-        return records
+            return [done(self._run_one(fn, job)) for job in jobs]
+        return [done(rec) for rec in records]
 
     def _run_one(self, fn: ClientFn, job: _Job) -> dict[str, Any]:
         state, ctx = self._prepare(job)
         out = fn(ctx, **job.broadcast, **job.extra)
         return self._record(fn, job, ctx, state, out)
 
-    def _keep(
-        self, records: list[dict[str, Any]], keep: tuple[str, ...], task_ids: Mapping[int, int] | None,
-        presum: Mapping[str, tuple[int, Mapping[int, float]]] | None = None,
-    ) -> dict[str, tuple[int, dict[int, float], np.ndarray]]:
-        """Move the `keep` arrays of every record into `self.kept` (the record's bytes_up
-        still counts them: the simulated client sends its full answer). With `presum` (key ->
-        (grid exponent, task id -> weight)), returns `reduce`'s answer for each key whose
-        weighted tasks all kept it: each array joins its sum as it is kept, read from memory
-        once while it is in the cache for both (finding max|v| and adding it)."""
-        if task_ids is None:
-            raise ValueError("keeping outputs on the host needs task ids")
-        sums: dict[str, FixedPointSum] = {}
-        for rec in records:
-            values = rec["values"]
-            task = task_ids[rec["client"]]
-            mine = self.kept.setdefault(task, {})
-            for key in keep:
-                value = values.get(key)
-                if isinstance(value, np.ndarray):
-                    mine[key] = value
-                    values[key] = KeptValue.of(value)
-                    if presum and key in presum and task in presum[key][1]:
-                        exponent, weights = presum[key]
-                        if key not in sums:
-                            sums[key] = FixedPointSum(exponent, value.shape)
-                        sums[key].add(value, weights[task])
-        out = {}
-        for key, total in sums.items():
-            exponent, weights = presum[key]
-            mine = {t: float(w) for t, w in weights.items() if t in self.kept}
-            if all(key in self.kept[t] for t in mine):  # else some task's key was not an array
-                out[key] = (exponent, mine, total.total)
-        return out
-
     def reduce(self, key: str, weights: Mapping[int, float], exponent: int | None) -> np.ndarray:
         """sum over tasks of weight * kept[task][key] on the fixed-point grid 2**-exponent
-        (rayfl.engine.exact_sum): this host's exact share of a weighted sum. Without an
-        exponent, the sum of one term: float64(v) * w, rounded once."""
-        terms = [(self.kept[task].pop(key), w) for task, w in sorted(weights.items())]
+        (rayfl.engine.exact_sum): this host's exact share of a weighted sum of the last call's
+        kept outputs. Without an exponent, the sum of one term: float64(v) * w, rounded once.
+        Outputs not held here (a call of more than `engine.clients_per_chunk` clients) come
+        from a partial sum made for these weights, else from running the call again."""
+        partials = self.partials
+        if partials is None:
+            raise RuntimeError(f"host {self.host_id} keeps no outputs of {key!r}: no call kept them since its last run")
+        terms = partials.held(key, weights)
+        if terms is None and exponent is not None:
+            part = partials.partial(key, weights, exponent)
+            if part is not None:
+                return part
+        if terms is None:
+            return self._replayed_sum(key, weights, exponent)
         if exponent is None:
             ((value, weight),) = terms
             return np.multiply(value, weight, dtype=np.float64)
         return fixed_point_sum(terms, exponent, terms[0][0].shape if terms else (0,))
+
+    def _replayed_sum(self, key: str, weights: Mapping[int, float], exponent: int | None) -> np.ndarray:
+        """`reduce`'s sum from the last call run again: its tasks were not settled yet, so they
+        start from the same committed states with the same inputs and seeds and give the same
+        outputs (all of its jobs, in the same chunks, as the call ran them)."""
+        call = self.kept_call
+        assert call is not None
+        task_of = {job.client: job.task for job in call.jobs}
+        total: FixedPointSum | None = None
+        single: list[np.ndarray] = []
+
+        def take(rec: dict[str, Any]) -> None:
+            nonlocal total
+            task = task_of[rec["client"]]
+            value = rec["values"].get(key)
+            if task not in weights or not isinstance(value, np.ndarray):
+                return
+            if exponent is None:
+                single.append(np.multiply(value, weights[task], dtype=np.float64))
+                return
+            if total is None:
+                total = FixedPointSum(exponent, value.shape)
+            total.add(value, weights[task])
+
+        with self._visiting(call.foreign):
+            self._execute(call.fn, call.jobs, take)
+        if exponent is None:
+            (value,) = single
+            return value
+        if total is None:
+            raise KeyError(f"host {self.host_id} ran no task of {sorted(weights)} with an array {key!r}")
+        return total.total
 
     def _prepare(self, job: _Job) -> tuple[dict[str, Any], ClientContext]:
         """A task's private state copy and its context (with its work budget; a Byzantine
@@ -539,6 +587,21 @@ def same_state(a: dict[str, Any], b: dict[str, Any]) -> bool:
 def _map_tensors(state: dict[str, Any], fn: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, Any]:
     """`state` with `fn` applied to its top-level tensors (device moves for export / import)."""
     return {k: fn(v) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
+
+# What a host's chunk of clients may hold at once under engine.clients_per_chunk: auto, at two
+# model copies a client (its output and its working copy). A 19.2M-parameter MLP (77 MB) runs
+# 6 clients a chunk; rayfl's small models run any call in one.
+CHUNK_MEMORY = 1 << 30
+
+
+def chunk_clients(setting: int | str, model: torch.nn.Module) -> int:
+    """engine.clients_per_chunk on this host: the integer given, or for auto as many clients
+    as CHUNK_MEMORY holds at two copies of `model`'s parameters each."""
+    if setting != "auto":
+        return int(setting)
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    return max(1, CHUNK_MEMORY // max(1, 2 * nbytes))
 
 
 # glibc mallopt parameters (malloc.h)

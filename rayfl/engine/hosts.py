@@ -217,7 +217,8 @@ class Hosts:
             test = {int(c): ds.client_test[c] for c in ids} if ds.client_test is not None else None
         args = (h, self.arrays_ref, train, test, dataclasses.asdict(cfg.model), tuple(ds.input_shape), ds.num_classes,
                 cfg.run.seed, cfg.engine.torch_threads, cfg.engine.device, self.forward_flops, cfg.system.backward_cost)
-        return args, {"vectorize": cfg.engine.vectorize, "plugins": self.plugins, "channels_last": cfg.engine.channels_last}
+        return args, {"vectorize": cfg.engine.vectorize, "plugins": self.plugins, "channels_last": cfg.engine.channels_last,
+                      "clients_per_chunk": cfg.engine.clients_per_chunk}
 
     def _spawn(self, h: int) -> Any:
         """A fresh actor for host `h`'s clients (Ray's own restarts off: see `replace`)."""
