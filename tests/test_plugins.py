@@ -5,7 +5,10 @@ sweep` over their own key, installation as entry points, `ray job submit --worki
 one-line errors when a host cannot import them.
 
 The package is the one docs/guides/extending.md writes (FedNova, a LeNet-style CNN, FEMNIST
-from Parquet, a partitioner), taken from the guide's own code blocks."""
+from Parquet, a partitioner), taken from the guide's own code blocks.
+
+The commands that stop before Ray (validation, mistakes) run in this process, through
+`rayfl.cli.main` (a `rayfl` process spends seconds importing torch and starting a Ray head)."""
 
 from __future__ import annotations
 
@@ -66,8 +69,25 @@ def run_ok(*args: str, cwd: Path, env: dict[str, str] | None = None) -> str:
 # ---------------------------------------------------------------------------- validation
 
 
-def test_validate_shows_the_user_entries_keys(package: Path) -> None:
-    out = run_ok("validate", "job.yaml", cwd=package)
+def in_process(package: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
+               *args: str) -> tuple[int, str, str]:
+    """`rayfl ARGS` run in `package` by this process's `rayfl.cli.main`: (exit status, stdout,
+    stderr). What it imports and adds to sys.path goes with the test."""
+    from test_public_api import forget_myfl
+
+    from rayfl.cli import main
+
+    forget_myfl(monkeypatch)
+    monkeypatch.chdir(package)
+    rc = main(list(args))
+    out, err = capfd.readouterr()
+    return rc, out, err
+
+
+def test_validate_shows_the_user_entries_keys(package: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capfd: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = in_process(package, monkeypatch, capfd, "validate", "job.yaml")
+    assert rc == 0, err
     import yaml
 
     cfg = yaml.safe_load(out)
@@ -81,10 +101,11 @@ def test_validate_shows_the_user_entries_keys(package: Path) -> None:
     ("algorithm.server_lrr=1", ("algorithm.server_lrr", "myfl.fednova:FedNova", "server_lr")),
     ("model.conv3=8", ("model.conv3", "conv1")),
 ])
-def test_a_bad_user_key_exits_2_in_one_line(package: Path, override: str, names: tuple[str, ...]) -> None:
-    done = rayfl("run", "job.yaml", "--set", override, cwd=package)
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert done.returncode == 2 and len(lines) == 1, done.stderr
+def test_a_bad_user_key_exits_2_in_one_line(package: Path, override: str, names: tuple[str, ...],
+                                             monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = in_process(package, monkeypatch, capfd, "run", "job.yaml", "--set", override)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert rc == 2 and len(lines) == 1, err
     assert lines[0].startswith("rayfl: error: ") and all(n in lines[0] for n in names), lines[0]
 
 
