@@ -5,7 +5,10 @@ sweep` over their own key, installation as entry points, `ray job submit --worki
 one-line errors when a host cannot import them.
 
 The package is the one docs/guides/extending.md writes (FedNova, a LeNet-style CNN, FEMNIST
-from Parquet, a partitioner), taken from the guide's own code blocks."""
+from Parquet, a partitioner), taken from the guide's own code blocks.
+
+The commands that stop before Ray (validation, mistakes) run in this process, through
+`rayfl.cli.main` (a `rayfl` process spends seconds importing torch and starting a Ray head)."""
 
 from __future__ import annotations
 
@@ -66,8 +69,25 @@ def run_ok(*args: str, cwd: Path, env: dict[str, str] | None = None) -> str:
 # ---------------------------------------------------------------------------- validation
 
 
-def test_validate_shows_the_user_entries_keys(package: Path) -> None:
-    out = run_ok("validate", "job.yaml", cwd=package)
+def in_process(package: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
+               *args: str) -> tuple[int, str, str]:
+    """`rayfl ARGS` run in `package` by this process's `rayfl.cli.main`: (exit status, stdout,
+    stderr). What it imports and adds to sys.path goes with the test."""
+    from test_public_api import forget_myfl
+
+    from rayfl.cli import main
+
+    forget_myfl(monkeypatch)
+    monkeypatch.chdir(package)
+    rc = main(list(args))
+    out, err = capfd.readouterr()
+    return rc, out, err
+
+
+def test_validate_shows_the_user_entries_keys(package: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capfd: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = in_process(package, monkeypatch, capfd, "validate", "job.yaml")
+    assert rc == 0, err
     import yaml
 
     cfg = yaml.safe_load(out)
@@ -81,10 +101,11 @@ def test_validate_shows_the_user_entries_keys(package: Path) -> None:
     ("algorithm.server_lrr=1", ("algorithm.server_lrr", "myfl.fednova:FedNova", "server_lr")),
     ("model.conv3=8", ("model.conv3", "conv1")),
 ])
-def test_a_bad_user_key_exits_2_in_one_line(package: Path, override: str, names: tuple[str, ...]) -> None:
-    done = rayfl("run", "job.yaml", "--set", override, cwd=package)
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert done.returncode == 2 and len(lines) == 1, done.stderr
+def test_a_bad_user_key_exits_2_in_one_line(package: Path, override: str, names: tuple[str, ...],
+                                             monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = in_process(package, monkeypatch, capfd, "run", "job.yaml", "--set", override)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert rc == 2 and len(lines) == 1, err
     assert lines[0].startswith("rayfl: error: ") and all(n in lines[0] for n in names), lines[0]
 
 
@@ -187,7 +208,9 @@ def test_one_and_two_hosts_give_identical_tables(package: Path) -> None:
 @pytest.mark.slow
 def test_sigterm_then_resume_gives_the_uninterrupted_runs_tables(package: Path) -> None:
     out = package / "resume"
-    common = sets("run.rounds=30", "output.checkpoint_every=5", f"output.dir={out}", "engine.num_hosts=1")
+    # 12 rounds: stopped once its first checkpoint (after round 2) is on disk, the run is still
+    # 9 rounds (seconds) from its end when the signal arrives (polled every 0.1 s)
+    common = sets("run.rounds=12", "output.checkpoint_every=3", f"output.dir={out}", "engine.num_hosts=1")
     run_ok("run", "job.yaml", "--quiet", *common, "--set", "run.run_id=whole", cwd=package)
     run_dir = out / "fednova_femnist" / "stopped"
     proc = subprocess.Popen([str(BIN / "rayfl"), "run", "job.yaml", "--quiet", *common, "--set", "run.run_id=stopped"],
@@ -206,7 +229,7 @@ def test_sigterm_then_resume_gives_the_uninterrupted_runs_tables(package: Path) 
         kill_tree(proc.pid)
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "interrupted" and manifest["plugins"]["roots"] == [str(package)]
-    assert load(run_dir).rounds["round"].max() < 29
+    assert load(run_dir).rounds["round"].max() < 11
     other = package.parent / f"{package.name}-elsewhere"  # resume needs no cwd: the manifest says where myfl is
     other.mkdir(exist_ok=True)
     run_ok("resume", str(run_dir), "--quiet", cwd=other)
@@ -533,25 +556,24 @@ def test_killed_hosts_replay_the_user_code_to_the_failure_free_tables(package: P
                          ids=["topk-ef", "dp"])
 def test_the_round_pipeline_applies_to_the_users_algorithm(package: Path, pipeline: tuple[str, ...]) -> None:
     """FedNova declares `uploads`: compression with error feedback (client state) or central DP
-    apply to it as to a built-in, the same for 1 and 2 hosts and with hosts killed mid-run."""
+    apply to it as to a built-in, the same on 1 host as on 2 hosts killed mid-run (2 hosts
+    without failures add no case: a difference between host counts shows in the killed run)."""
     from test_host_failures import comparable
 
     out = package / f"pipeline-{pipeline[0].split('.')[0]}"
     common = sets(f"output.dir={out}", "engine.num_cpus_per_host=0.5", "engine.max_restarts=10", *pipeline)
     run_ok("run", "job.yaml", "--quiet", *common, *sets("engine.num_hosts=1", "run.run_id=one"), cwd=package)
-    run_ok("run", "job.yaml", "--quiet", *common, *sets("engine.num_hosts=2", "run.run_id=two"), cwd=package)
     run_ok("run", "job.yaml", "--quiet", *common, *sets("engine.num_hosts=2", "run.run_id=killed", "engine.kill_host_every=7"),
            cwd=package)
-    one, two, hurt = (load(out / "fednova_femnist" / r) for r in ("one", "two", "killed"))
-    assert hurt.rounds["host_failures"].sum() >= 1
-    for other in (two, hurt):
-        for table in ("rounds", "clients", "evals"):
-            pd.testing.assert_frame_equal(comparable(getattr(one, table)).drop(columns=["host"], errors="ignore"),
-                                          comparable(getattr(other, table)).drop(columns=["host"], errors="ignore"),
-                                          check_like=True)
-    train = two.clients[two.clients["phase"] == "train"]
+    one, hurt = (load(out / "fednova_femnist" / r) for r in ("one", "killed"))
+    assert hurt.rounds["host_failures"].sum() >= 1 and hurt.clients["host"].nunique() > 1
+    for table in ("rounds", "clients", "evals"):
+        pd.testing.assert_frame_equal(comparable(getattr(one, table)).drop(columns=["host"], errors="ignore"),
+                                      comparable(getattr(hurt, table)).drop(columns=["host"], errors="ignore"),
+                                      check_like=True)
+    train = hurt.clients[hurt.clients["phase"] == "train"]
     if pipeline[0].startswith("compression"):
-        d = int(two.manifests["num_params"].iloc[0])
+        d = int(hurt.manifests["num_params"].iloc[0])
         assert (train["bytes_up"] < d).all()  # a twentieth of the coordinates, 8 bytes each
     else:
-        assert two.rounds["epsilon"].is_monotonic_increasing and train["update_norm"].notna().all()
+        assert hurt.rounds["epsilon"].is_monotonic_increasing and train["update_norm"].notna().all()
