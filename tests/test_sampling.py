@@ -184,3 +184,5 @@ def test_a_round_at_a_billion_clients_costs_its_cohort():
     assert idle is not None and idle not in uniform[0]
     assert max(max(c) for c in uniform) > 0.9 * n  # drawn from the whole population
     assert system.speed.known < 10_000  # profiles exist only for the clients touched
+    # phases are kept for the drawn cohorts only, not for every id a draw asked about and rejected
+    assert system.availability.phase.known <= sum(len(c) for c in uniform + poisson)

@@ -85,9 +85,7 @@ class Population:
         """Clients holding at least one training sample, listed (O(population): for algorithms
         that use every client; sampling never asks for it)."""
         if self._trainable is None:
-            n = self.num_clients
-            parts = [c[np.asarray(self.sizes[c]) > 0] for c in (np.arange(i, min(i + CHUNK, n)) for i in range(0, n, CHUNK))]
-            self._trainable = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+            self._trainable = self._listed(lambda ids: np.asarray(self.sizes[ids]) > 0)
             if len(self._trainable) == 0:
                 raise ValueError("no client holds any training sample; check the partition")
         return self._trainable
@@ -108,9 +106,13 @@ class Population:
         of a draw that cannot finish from random ids."""
         if self.always_online:
             return self.trainable
+        return self._listed(self.eligible)
+
+    def _listed(self, keep: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """Every client id that `keep` accepts, asked CHUNK ids at a time."""
         n = self.num_clients
-        parts = [c[self.eligible(c)] for c in (np.arange(i, min(i + CHUNK, n)) for i in range(0, n, CHUNK))]
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        parts = [ids[keep(ids)] for ids in (np.arange(i, min(i + CHUNK, n)) for i in range(0, n, CHUNK))]
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 
     def sample(self, round: int, k: int | None = None, fraction: float | None = None,
                poisson: float | None = None) -> list[int]:

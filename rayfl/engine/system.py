@@ -92,6 +92,14 @@ class PerClient:
             value = self._known[int(client)]
         return value
 
+    def peek(self, clients: np.ndarray) -> np.ndarray:
+        """The values of `clients`, made without keeping them: a draw asks about ids it may
+        reject, which need no entry."""
+        values = self._make(np.asarray(clients, dtype=np.int64))
+        for i, c in enumerate(clients.tolist() if self.overrides else ()):
+            values[i] = self.overrides.get(c, values[i])
+        return values
+
     def of(self, clients: Iterable[int]) -> np.ndarray:
         """The values of `clients`, in order (float64)."""
         ids = [int(c) for c in clients]
@@ -136,7 +144,7 @@ class PeriodicAvailability(Availability):
 
     def online_ids(self, clients: np.ndarray, t: float) -> np.ndarray:
         # the same float64 operations as `online`, element-wise, so the same clients
-        return ((t - self.phase.of(clients)) % self.period) < self.on
+        return ((t - self.phase.peek(clients)) % self.period) < self.on
 
     def offline_at(self, client: int, start: float, end: float) -> float | None:
         if not self.online(client, start):
