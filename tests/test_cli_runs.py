@@ -126,30 +126,37 @@ def ray_answers(address: str, token: str | None) -> str:
     return "OK"
 
 
-def non_loopback_gcs_addresses(run_pid: int) -> list[str]:
-    """The run's GCS, at each address it listens on other than loopback (Ray 2.60 listens on
-    all of them)."""
-    import socket
-
+def listening_addresses(run_pid: int) -> dict[str, list[str]]:
+    """Every TCP address a process of the run listens on (its own Ray's GCS, raylet, agents and
+    workers are all its descendants), by process name."""
     import psutil
 
-    found = []
-    for proc in psutil.Process(run_pid).children(recursive=True):
-        if proc.name() != "gcs_server":
+    found: dict[str, list[str]] = {}
+    run = psutil.Process(run_pid)
+    for proc in [run, *run.children(recursive=True)]:
+        try:
+            conns, name = proc.net_connections(kind="tcp"), proc.name()
+        except psutil.Error:  # gone meanwhile
             continue
-        for conn in proc.net_connections(kind="tcp"):
-            if conn.status == psutil.CONN_LISTEN and not conn.laddr.ip.startswith("127."):
-                host = socket.gethostbyname(socket.gethostname()) if conn.laddr.ip in ("::", "0.0.0.0") else conn.laddr.ip
-                found.append(f"{host}:{conn.laddr.port}")
+        for conn in conns:
+            if conn.status == psutil.CONN_LISTEN:
+                found.setdefault(name, []).append(f"{conn.laddr.ip}:{conn.laddr.port}")
     return found
+
+
+def is_loopback(address: str) -> bool:
+    import ipaddress
+
+    ip = ipaddress.ip_address(address.rsplit(":", 1)[0])
+    return ip.is_loopback or (ip.version == 6 and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)
 
 
 @pytest.mark.slow
 def test_sigterm_closes_the_run_as_interrupted(tmp_path):
     """`ray job stop` and `kill` send SIGTERM: the run stops cleanly and says so. While it runs,
-    its own Ray, whose servers listen on every address, answers a call made from this
-    machine's network address only with the token (~/.ray/auth_token): nobody who merely
-    reaches the machine joins the run."""
+    no process of its own Ray listens on an address other than loopback, and its GCS answers a
+    call from this machine only with the token (~/.ray/auth_token): neither the network nor
+    another local user joins the run."""
     cmd = [
         str(BIN / "rayfl"), "run", str(REPO / "jobs" / "digits_fedavg.yaml"), "--quiet",
         "--set", "run.rounds=100000", "--set", f"output.dir={tmp_path}",
@@ -163,10 +170,12 @@ def test_sigterm_closes_the_run_as_interrupted(tmp_path):
         while time.time() < deadline and len(list(tmp_path.glob("*/*/rounds/part-*.parquet"))) < 3:
             assert proc.poll() is None, "the run ended before it could be stopped"
             time.sleep(0.2)
-        addresses = non_loopback_gcs_addresses(proc.pid)
-        assert addresses, "the run's GCS listens on no address but loopback"
+        listening = listening_addresses(proc.pid)
+        assert {"gcs_server", "raylet"} <= set(listening) and len(listening) >= 4, listening
+        assert all(is_loopback(a) for addresses in listening.values() for a in addresses), listening
         token = (Path.home() / ".ray" / "auth_token").read_text().strip()
-        for address in addresses:
+        for address in listening["gcs_server"]:
+            address = "127.0.0.1:" + address.rsplit(":", 1)[1]
             assert ray_answers(address, None) == "UNAUTHENTICATED"
             assert ray_answers(address, "not-" + token) == "UNAUTHENTICATED"
             assert ray_answers(address, token) == "OK"

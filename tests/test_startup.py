@@ -170,6 +170,7 @@ helper = psutil.Process(local_ray._head.process.pid)
 own = local_ray.joined_own_head()  # a private head: a run here never asks it for pooled hosts
 single = local_ray.single_machine()  # its hosts may map this machine's files (rayfl.data.mapped)
 task_events = ray._private.state.state.get_system_config().get("task_events_report_interval_ms")
+node_address = [n["NodeManagerAddress"] for n in ray.nodes()]
 
 @ray.remote(num_cpus=1)
 def preloaded():
@@ -186,7 +187,10 @@ time.sleep(1.5)  # the log monitor reads the worker's file every 0.1 s; the driv
 tree = helper.children(recursive=True)
 kinds = sorted({kind(p) for p in tree})
 local_ray.stop_ray()
-print(json.dumps({"preloaded": mods, "kinds": kinds, "left": [kind(p) for p in [helper, *tree] if alive(p)],
+import os
+from ray._private import ray_constants
+network = [node_address, os.environ.get(local_ray.LOOPBACK_ENV), ray_constants.ENABLE_RAY_CLUSTER]
+print(json.dumps({"network": network, "preloaded": mods, "kinds": kinds, "left": [kind(p) for p in [helper, *tree] if alive(p)],
                   "up": ray.is_initialized(), "head": local_ray._head is None,
                   "own": [own, local_ray.joined_own_head()], "single": single, "task_events": task_events}))
 """
@@ -206,6 +210,9 @@ def test_local_ray_is_a_lean_head_with_preloaded_workers_and_leaves_nothing():
     assert out["single"] is True, out
     assert out["task_events"] == 0, out  # off: nothing reads them, and ray.shutdown waited for their flush
     assert out["left"] == [] and not out["up"] and out["head"], out
+    # the node's address was loopback (Ray imported before the head started); afterwards this
+    # process is as before, free to join a cluster
+    assert out["network"] == [["127.0.0.1"], None, True], out
 
 
 # `rayfl run` as its own process (main() without argv) starts the head before it loads the

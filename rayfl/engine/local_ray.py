@@ -94,15 +94,18 @@ class DriverForkServer:
 
 
 AUTH_MODE_ENV = "RAY_AUTH_MODE"  # Ray's own setting: "token" or "disabled"
+# Ray's own setting for a Ray that is this machine only (its default on macOS and Windows): "0"
+# makes loopback every process's node address, so each of Ray's servers listens on 127.0.0.1
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 def require_token() -> None:
-    """Token auth for the head a run starts, unless the user set RAY_AUTH_MODE. Ray's gRPC
-    servers (GCS, raylet, every worker) listen on all interfaces and no setting of Ray 2.60
-    binds them to loopback; without a token, anyone who reaches this machine could join the
-    run's Ray and run code in it. `ray.init()` turns token auth on for a head it starts; this
-    does the same for ours. Set in this process's environment, so the head, the workers forked
-    from this process and its own `ray.init` all use the token (~/.ray/auth_token)."""
+    """Token auth for the head a run starts, unless the user set RAY_AUTH_MODE. The head
+    listens on loopback only (`loopback_only`), but every local user can reach loopback; without
+    a token, any of them could join the run's Ray and run code in it. `ray.init()` turns token
+    auth on for a head it starts; this does the same for ours. Set in this process's environment,
+    so the head, the workers forked from this process and its own `ray.init` all use the token
+    (~/.ray/auth_token)."""
     if os.environ.get(AUTH_MODE_ENV) is not None:
         return
     os.environ[AUTH_MODE_ENV] = "token"
@@ -113,12 +116,41 @@ def require_token() -> None:
             Config.initialize("")
 
 
+def loopback_only() -> str | None:
+    """Have the head a run starts, and this process's connection to it, use 127.0.0.1 as the
+    node's address, unless the user set LOOPBACK_ENV: then the GCS, the raylet, its agents,
+    every worker and the driver listen on loopback only, and nothing of the run can be reached
+    from the network. Ray derives each server's bind address from the node's address; with its
+    default on Linux, the machine's network address, they listen on all interfaces. Set in this
+    process's environment, which the head and the workers inherit. Returns what the setting was
+    before (`restore_network`)."""
+    before = os.environ.get(LOOPBACK_ENV)
+    if before is None:
+        os.environ[LOOPBACK_ENV] = "0"
+        constants = sys.modules.get("ray._private.ray_constants")
+        if constants is not None:  # Ray read the setting already, at its import
+            constants.ENABLE_RAY_CLUSTER = False
+    return before
+
+
+def restore_network(before: str | None) -> None:
+    """Undo `loopback_only` once the run's own Ray is gone, so that a later run of this process
+    can join a cluster (`engine.address`) as if none had run here."""
+    if before is not None or os.environ.get(LOOPBACK_ENV) != "0":
+        return
+    del os.environ[LOOPBACK_ENV]
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = constants.env_bool(LOOPBACK_ENV, not constants.IS_WINDOWS_OR_OSX)
+
+
 class LocalHead:
     """A local Ray head held by a child process (`python -m rayfl.engine.head_process`)."""
 
     def __init__(self, num_cpus: int | None = None, num_gpus: int | None = None,
                  fork_server: DriverForkServer | None = None):
         require_token()
+        self._network_before = loopback_only()
         cmd = [sys.executable, "-m", "rayfl.engine.head_process"]
         if num_cpus is not None:
             cmd += ["--num-cpus", str(int(num_cpus))]
@@ -164,6 +196,7 @@ class LocalHead:
             self.process.wait()
         if self.process.stdout is not None:
             self.process.stdout.close()
+        restore_network(self._network_before)
 
 
 _head: LocalHead | None = None  # the head this process started (at most one at a time)
