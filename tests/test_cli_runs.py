@@ -8,12 +8,10 @@ import sys
 import time
 from pathlib import Path
 
-import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 from guide_blocks import environment as env_with_venv
-from ray_head import kill_tree, ray_head
-from ray_head import submit as submit_job
+from ray_head import kill_tree
 
 from rayfl.cli import main
 from rayfl.results import load
@@ -186,51 +184,6 @@ def test_sigterm_closes_the_run_as_interrupted(tmp_path):
     res = load(tmp_path)
     assert res.manifests["status"].iloc[0] == "interrupted"
     assert len(res.rounds) >= 3
-
-
-@pytest.mark.slow
-def test_ray_job_submit_to_a_local_head(tmp_path):
-    """`ray job submit --working-dir` to a real `ray start --head`: with an absolute output.dir
-    the job's Parquet lands there and is read back here; a relative one would land in Ray's
-    temporary copy of the working directory, and the driver says so."""
-    env = env_with_venv()
-    job_dir = tmp_path / "job"
-    job_dir.mkdir()
-    (job_dir / "tiny.yaml").write_text(
-        "run: {experiment: submitted, rounds: 3}\n"
-        "data: {dataset: digits}\n"
-        "partition: {method: iid, num_clients: 8}\n"
-        "algorithm: {name: fedavg, clients_per_round: 4}\n"
-    )
-    out_dir = tmp_path / "results"
-    # after the run, ask the runner (in the same job environment) about a relative output.dir
-    probe = "from rayfl.runner import relative_output_in_job_warning as w; print(w('results'))"
-    with ray_head(tmp_path, env) as address:
-        submit = submit_job(address, job_dir, [
-            "sh", "-c", f"rayfl run tiny.yaml --quiet --set output.dir={out_dir} && python -c \"{probe}\""], env, tmp_path)
-        # joining the head from here without its token: one line saying how to get it
-        tokenless = {k: v for k, v in env.items() if k not in ("RAY_AUTH_TOKEN", "RAY_AUTH_MODE")}
-        tokenless["HOME"] = str(tmp_path)  # no ~/.ray/auth_token of this machine's user either
-        joined = subprocess.run([str(BIN / "rayfl"), "run", "tiny.yaml", "--quiet", "--address", env["RAYFL_TEST_GCS"],
-                                 "--set", f"output.dir={tmp_path / 'refused'}"], cwd=job_dir, env=tokenless,
-                                capture_output=True, text=True, timeout=120)
-    assert submit.returncode == 0, (submit.stdout + submit.stderr)[-4000:]
-    # Ray's own client logs its retries (gcs_client.cc) before giving up; rayfl's is the one line after them
-    lines = [line for line in joined.stderr.splitlines() if line.strip() and "gcs_client.cc" not in line]
-    assert joined.returncode == 2 and len(lines) == 1, joined.stderr[-3000:]
-    assert lines[0].startswith("rayfl: error: engine.address: cannot join"), lines[0]
-    assert "ray get-auth-token" in lines[0] and "RAY_AUTH_MODE=token" in lines[0], lines[0]
-    assert "succeeded" in submit.stdout
-    res = load(out_dir)
-    assert len(res.rounds) == 3 and res.manifests["status"].tolist() == ["completed"]
-    assert pd.read_parquet(next(out_dir.glob("submitted/*/rounds"))).shape[0] == 3
-    assert not list(job_dir.rglob("*.parquet"))
-    # the absolute run was not warned about; the relative probe was, naming Ray's copy
-    warnings = [line for line in submit.stdout.splitlines() if "rayfl: output.dir=" in line]
-    assert len(warnings) == 1, submit.stdout[-4000:]
-    assert "is relative inside Ray job raysubmit_" in warnings[0]
-    assert str(job_dir) not in warnings[0] and "working_dir_files" in warnings[0]
-    assert "temporary copy of --working-dir" in warnings[0]
 
 
 def test_report_draws_figures(ray_local, tmp_path, capsys):
