@@ -206,7 +206,7 @@ def test_one_host_equals_two_killed_hosts_stopped_by_sigterm_and_resumed(package
     run_ok("run", "job.yaml", "--quiet", *common, *sets("engine.num_hosts=1", "run.run_id=one"), cwd=package)
     run_dir = out / "fednova_femnist" / "stopped"
     stop = subprocess.run([str(BIN / "python"), "-c", SIGTERM_AT_ROUND.format(round=4), "job.yaml", *common,
-                           *sets("engine.num_hosts=2", "run.run_id=stopped", "engine.kill_host_every=7")],
+                           *sets("engine.num_hosts=2", "run.run_id=stopped", "engine.kill_host_every=15")],
                           cwd=package, env=environment(), capture_output=True, text=True, timeout=RUN_TIMEOUT)
     assert stop.returncode == 130, stop.stderr[-3000:]
     manifest = json.loads((run_dir / "manifest.json").read_text())
@@ -242,7 +242,7 @@ def test_the_users_fedavgm_runs_asynchronously_like_a_built_in(package: Path) ->
     run_ok("run", "job.yaml", "--quiet", *common, *sets("engine.num_hosts=1", "run.run_id=one"), cwd=package)
     run_dir = out / "fednova_femnist" / "stopped"
     stop = subprocess.run([str(BIN / "python"), "-c", SIGTERM_AT_ROUND.format(round=4), "job.yaml", *common,
-                           *sets("engine.num_hosts=2", "run.run_id=stopped", "engine.kill_host_every=7")],
+                           *sets("engine.num_hosts=2", "run.run_id=stopped", "engine.kill_host_every=10")],
                           cwd=package, env=environment(), capture_output=True, text=True, timeout=RUN_TIMEOUT)
     assert stop.returncode == 130, stop.stderr[-3000:]
     assert load(run_dir).rounds["round"].max() == 4
@@ -564,7 +564,7 @@ def test_the_round_pipeline_applies_to_the_users_algorithm(package: Path) -> Non
                   "compression.name=topk", "compression.ratio=0.05",
                   "privacy.mode=central", "privacy.noise_multiplier=1.0", "privacy.clip=0.5")
     run_ok("run", "job.yaml", "--quiet", *common, *sets("engine.num_hosts=1", "run.run_id=one"), cwd=package)
-    run_ok("run", "job.yaml", "--quiet", *common, *sets("engine.num_hosts=2", "run.run_id=killed", "engine.kill_host_every=7"),
+    run_ok("run", "job.yaml", "--quiet", *common, *sets("engine.num_hosts=2", "run.run_id=killed", "engine.kill_host_every=12"),
            cwd=package)
     one, hurt = (load(out / "fednova_femnist" / r) for r in ("one", "killed"))
     assert hurt.rounds["host_failures"].sum() >= 1 and hurt.clients["host"].nunique() > 1
