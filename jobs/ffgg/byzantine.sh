@@ -1,34 +1,76 @@
 #!/usr/bin/env bash
-# BR-FFGG with 10% Byzantine clients (3 of 32): {sign flip scaled by 20, sign flip, ALIE} x
-# {bucketing(2) + coordinate-wise median, plain mean}. (An unscaled flip by 3 of 32 clients only
-# shrinks the mean to 26/32 of the honest one, so plain averaging still converges: the scaled
-# flip is the attack that breaks it.) Plus ALIE with z = 10 (Baruch's z_max is 0.157 for n = 32,
-# f = 3). The plain mean is FFGG itself (`ffgg`, full participation as in the job) under the same
-# attack: br_ffgg refuses a non-robust aggregator. Extra overrides pass through, e.g.
-# `jobs/ffgg/byzantine.sh --set run.rounds=600`.
+# The BR-FFGG table of docs/replications/ffgg.md, every row: 10% Byzantine clients (3 of 32)
+# against bucketing(2) + coordinate-wise median (BR-FFGG) and against the plain mean.
+#   - sign flip scaled by 20, and unscaled (an unscaled flip by 3 of 32 clients only shrinks the
+#     mean to 26/32 of the honest one, so plain averaging still converges: the scaled flip is the
+#     attack that breaks it);
+#   - ALIE with Baruch's z_max (0.157 for n = 32, f = 3), and with z = 10;
+#   - Gaussian noise with sigma 1 (also against trimmed mean, Krum, geometric median and centered
+#     clipping, without bucketing) and sigma 10;
+#   - the attack-free control (plain mean).
+# The plain mean is FFGG itself (`ffgg`, full participation as in the job) under the same
+# attack: br_ffgg refuses a non-robust aggregator. Run ids are `<attack><scale>_<agg>_s<seed>`.
+#
+# SEEDS="0 1 2" runs every row at each seed (default 0); PARALLEL=N runs N runs at a time (each
+# takes one core); DRY_RUN=1 prints the commands instead. Extra arguments pass through to every
+# run, e.g. `SEEDS="0 1 2" PARALLEL=16 jobs/ffgg/byzantine.sh --set run.rounds=600 --set
+# output.dir=results/ffgg`.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-extra=("$@")  # saved: the loop below reuses the positional parameters
+extra=("$@")
+SEEDS=${SEEDS:-0}
+PARALLEL=${PARALLEL:-1}
 
-run() {  # run AGG RUN_ID OVERRIDES...: BR-FFGG's bucketed median, or FFGG's plain mean; one retry
-  local agg=$1 id=$2
+commands=()
+add() {  # add AGG ID OVERRIDES...: the row's run at every seed (AGG: median, mean, or a robust.aggregator)
+  local agg=$1 id=$2 seed
   shift 2
-  if [ "$agg" = median ]; then
-    set -- --set algorithm.name=br_ffgg --set "robust.aggregator={name: median, bucket_size: 2}" "$@"
-  else
-    set -- --set algorithm.name=ffgg --set "robust.aggregator={name: mean, bucket_size: 1}" "$@"
-  fi
-  for attempt in 1 2; do
-    rayfl run jobs/ffgg/quadratic_byzantine.yaml "$@" --set run.run_id="$id" --set output.overwrite=true "${extra[@]}" && break
+  case $agg in
+    median) set -- --set algorithm.name=br_ffgg --set "robust.aggregator={name: median, bucket_size: 2}" "$@" ;;
+    mean) set -- --set algorithm.name=ffgg --set "robust.aggregator={name: mean, bucket_size: 1}" "$@" ;;
+    *) set -- --set algorithm.name=br_ffgg --set "robust.aggregator=$agg" "$@" ;;
+  esac
+  for seed in $SEEDS; do
+    commands+=("$(printf '%q ' rayfl run jobs/ffgg/quadratic_byzantine.yaml "$@" --set run.seed="$seed" \
+      --set run.run_id="${id}_s$seed" --set output.overwrite=true "${extra[@]}")")
   done
 }
 
-for attack in "sign_flip 20" "sign_flip 1" "alie 1"; do
-  set -- $attack
+for scale in 20 1; do
   for agg in median mean; do
-    run $agg "${1}${2}_$agg" --set robust.attack.name=$1 --set robust.attack.scale=$2
+    add $agg "sign_flip${scale}_$agg" --set robust.attack.name=sign_flip --set robust.attack.scale=$scale
   done
 done
 for agg in median mean; do
-  run $agg "alie_z10_$agg" --set robust.attack.name=alie --set robust.attack.z=10
+  add $agg "alie1_$agg" --set robust.attack.name=alie
+  add $agg "alie_z10_$agg" --set robust.attack.name=alie --set robust.attack.z=10
 done
+for sigma in 1 10; do
+  for agg in median mean; do
+    add $agg "gaussian${sigma}_$agg" --set robust.attack.name=gaussian --set robust.attack.sigma=$sigma
+  done
+done
+for agg in "trimmed_mean:{name: trimmed_mean, trim_fraction: 0.1, bucket_size: 1}" "krum:{name: krum, bucket_size: 1}" \
+           "geometric_median:{name: geometric_median, bucket_size: 1}" \
+           "centered_clipping:{name: centered_clipping, bucket_size: 1}"; do
+  add "${agg#*:}" "gaussian1_${agg%%:*}" --set robust.attack.name=gaussian --set robust.attack.sigma=1
+done
+add mean none_mean --set robust.attack.name=none
+
+if [ -n "${DRY_RUN:-}" ]; then
+  printf '%s\n' "${commands[@]}"
+  exit 0
+fi
+failed=0
+running=0
+for command in "${commands[@]}"; do
+  (eval "$command" || eval "$command") &  # one retry: a run that failed is started again
+  if (( ++running >= PARALLEL )); then
+    wait -n || failed=1
+    (( running-- ))
+  fi
+done
+while (( running-- > 0 )); do
+  wait -n || failed=1
+done
+exit $failed
