@@ -42,3 +42,26 @@ def test_the_byzantine_script_runs_every_row_at_every_seed_under_its_own_id() ->
         assert (cfg.algorithm.name == "ffgg") == mean  # the plain mean is FFGG itself
     names = {(load_config(REPO / r[2], overrides(r)).robust.attack.name) for r in runs}
     assert names == {"sign_flip", "alie", "gaussian", "none"}
+
+
+def test_the_table_script_reports_each_rows_points_and_rate_against_the_attack_free_run() -> None:
+    import sys
+
+    import numpy as np
+    import pandas as pd
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from ffgg_byzantine_table import per_run, table
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    r = np.arange(600)
+    rounds = pd.concat([
+        pd.DataFrame({"run_id": f"{run}_s{seed}", "round": r, "F_norm": 2.0 * np.exp(-rate * r), "dist_sq": 0.5})
+        for run, rate in (("none_mean", 0.01), ("gaussian1_mean", 0.005)) for seed in (0, 1)])
+    runs = per_run(rounds).set_index(["row", "seed"])
+    assert runs.loc[("gaussian1_mean", 1), "F100"] == 2.0 * np.exp(-0.005 * 99)  # after 100 rounds
+    assert runs.loc[("none_mean", 0), "Ffinal"] == 2.0 * np.exp(-0.01 * 599)
+    text = table(per_run(rounds))
+    assert "| `gaussian1_mean` | 600 | 2 → 1.22 → 0.448 → **0.1** | 0.5 | × 0.50 | 0.1 / 0.1 |" in text, text
+    assert "| `none_mean` | 600 |" in text and "× 1.00" in text
