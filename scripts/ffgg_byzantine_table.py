@@ -5,7 +5,7 @@
 prints one Markdown row per run id (without its seed suffix): ‖F‖ after 1, 100, 300 and the
 last round, as the mean over the seeds found; ‖θ − θ*‖² after the last round; the rate, the
 slope of log ‖F‖ over the rounds relative to the attack-free run of the same seed (mean over
-seeds); and the final ‖F‖ at each seed."""
+seeds; "diverges" where ‖F‖ overflowed); and the final ‖F‖ at each seed."""
 
 from __future__ import annotations
 
@@ -38,6 +38,11 @@ def per_run(rounds: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def number(v: float) -> str:
+    """Three significant digits; a run that overflowed (diverged) shows as ∞."""
+    return f"{v:.3g}" if np.isfinite(v) else "∞"
+
+
 def table(runs: pd.DataFrame) -> str:
     control = runs[runs.row == CONTROL].set_index("seed")["slope"]
     runs = runs.assign(rate=runs.slope / runs.seed.map(control))
@@ -47,9 +52,11 @@ def table(runs: pd.DataFrame) -> str:
     for row, g in runs.groupby("row", sort=True):
         g = g.sort_values("seed")
         mean = g[["F1", "F100", "F300", "Ffinal", "dist"]].mean()
-        lines.append(f"| `{row}` | {int(g.rounds.iloc[0])} | {mean.F1:.3g} → {mean.F100:.3g} → {mean.F300:.3g} → "
-                     f"**{mean.Ffinal:.3g}** | {mean.dist:.3g} | × {g.rate.mean():.2f} | "
-                     + " / ".join(f"{v:.3g}" for v in g.Ffinal) + " |")
+        rate = g.rate.mean()
+        lines.append(f"| `{row}` | {int(g.rounds.iloc[0])} | {number(mean.F1)} → {number(mean.F100)} → "
+                     f"{number(mean.F300)} → **{number(mean.Ffinal)}** | {number(mean.dist)} | "
+                     + (f"× {rate:.2f}" if np.isfinite(rate) else "diverges") + " | "
+                     + " / ".join(number(v) for v in g.Ffinal) + " |")
     return "\n".join(lines)
 
 
