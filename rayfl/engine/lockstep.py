@@ -76,8 +76,9 @@ class Lockstep:
         the outputs in job order (the first client error is raised, after every thread ends)."""
         turns = [_Turn() for _ in jobs]
         threads = []
+        torch_threads = torch.get_num_threads()
         for (ctx, kwargs), turn in zip(jobs, turns, strict=True):
-            thread = threading.Thread(target=self._client, args=(fn, ctx, kwargs, turn), daemon=True)
+            thread = threading.Thread(target=self._client, args=(fn, ctx, kwargs, turn, torch_threads), daemon=True)
             threads.append(thread)
             thread.start()
         try:
@@ -99,8 +100,12 @@ class Lockstep:
                 raise turn.error
         return [turn.output for turn in turns]
 
-    def _client(self, fn: Callable[..., Any], ctx: ClientContext, kwargs: dict[str, Any], turn: _Turn) -> None:
+    def _client(self, fn: Callable[..., Any], ctx: ClientContext, kwargs: dict[str, Any], turn: _Turn,
+                torch_threads: int) -> None:
         self._turns[threading.get_ident()] = turn
+        # torch's intra-op thread count is per OS thread: a new thread would take the machine's
+        # default instead of the host's engine.torch_threads (slower, with other rounding)
+        torch.set_num_threads(torch_threads)
         turn.go.wait()
         ctx.lockstep = self
         try:
