@@ -10,37 +10,28 @@ seeds; "diverges" where ‖F‖ overflowed); and the final ‖F‖ at each seed.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from seed_table import number
+from seed_table import per_run as seed_runs
 
-SEED = re.compile(r"^(?P<row>.+)_s(?P<seed>\d+)$")
 CONTROL = "none_mean"
 
 
+def log_slope(t: pd.DataFrame) -> dict[str, float]:
+    """The slope of log ‖F‖ over the rounds (NaN where ‖F‖ overflowed or reached 0)."""
+    f = t["F_norm"].to_numpy(dtype=float)
+    ok = np.isfinite(f).all() and (f > 0).all()
+    return {"slope": np.polyfit(t["round"].to_numpy(), np.log(f), 1)[0] if ok else np.nan}
+
+
 def per_run(rounds: pd.DataFrame) -> pd.DataFrame:
-    """One line per run: row, seed, ‖F‖ at the logged points, final distance, log-slope."""
-    out = []
-    for run_id, t in rounds.groupby("run_id"):
-        m = SEED.match(str(run_id))
-        if not m:
-            continue
-        t = t.dropna(subset=["F_norm"]).sort_values("round")
-        f = t["F_norm"].to_numpy()
-        last = len(f) - 1
-        slope = np.polyfit(t["round"].to_numpy(), np.log(f), 1)[0] if np.isfinite(f).all() and (f > 0).all() else np.nan
-        out.append({"row": m["row"], "seed": int(m["seed"]), "F1": f[0], "F100": f[min(99, last)],
-                    "F300": f[min(299, last)], "Ffinal": f[last], "dist": t["dist_sq"].to_numpy()[-1],
-                    "slope": slope, "rounds": last + 1})
-    return pd.DataFrame(out)
-
-
-def number(v: float) -> str:
-    """Three significant digits; a run that overflowed (diverged) shows as ∞."""
-    return f"{v:.3g}" if np.isfinite(v) else "∞"
+    """One line per run: row, seed, ‖F‖ after rounds 1, 100, 300 and the last, final distance, log-slope."""
+    runs = seed_runs(rounds, "F_norm", (1, 100, 300), ("dist_sq",), extra=log_slope)
+    return runs.rename(columns={"at1": "F1", "at100": "F100", "at300": "F300", "final": "Ffinal", "dist_sq": "dist"})
 
 
 def table(runs: pd.DataFrame) -> str:

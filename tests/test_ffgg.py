@@ -384,3 +384,5 @@ def test_l2gd_client_and_steps_by_hand():
     p, local, mix = l2gd_steps(L2GDConfig(tau=100, lam=0.1), 32, 85.0)
     alpha = 32 / (2 * max(85.0 / 0.99, 0.1 / 0.01))
     assert p == 0.01 and local == pytest.approx(alpha / (32 * 0.99)) and mix == pytest.approx(alpha * 0.1 / (32 * 0.01))
+    # alpha_scale = 1/M: the step without the factor M, both steps 32x smaller
+    assert l2gd_steps(L2GDConfig(tau=100, lam=0.1, alpha_scale=1 / 32), 32, 85.0) == pytest.approx((p, local / 32, mix / 32))

@@ -1,5 +1,6 @@
-"""The FFGG page's BR-FFGG table comes from one script (jobs/ffgg/byzantine.sh): every row of
-the table at every seed asked for, each run under its own id, each command a valid job."""
+"""The FFGG page's tables come from scripts (jobs/ffgg/*.sh on jobs/grid.sh): every row of a
+table at every seed asked for, each run under its own id, each command a valid job; and the
+table scripts (scripts/seed_table.py, scripts/ffgg_byzantine_table.py) read the runs right."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ import os
 import shlex
 import subprocess
 from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
 
 from rayfl.config import load_config
 
@@ -16,9 +21,9 @@ SCRIPT = REPO / "jobs" / "ffgg" / "byzantine.sh"
 ROWS = 17
 
 
-def planned_runs(seeds: str, *extra: str) -> list[list[str]]:
+def planned_runs(seeds: str, *extra: str, script: Path = SCRIPT) -> list[list[str]]:
     """The `rayfl run` commands the script would run, as argument lists."""
-    done = subprocess.run(["bash", str(SCRIPT), *extra], env={**os.environ, "DRY_RUN": "1", "SEEDS": seeds},
+    done = subprocess.run(["bash", str(script), *extra], env={**os.environ, "DRY_RUN": "1", "SEEDS": seeds},
                           capture_output=True, text=True, timeout=60, check=True)
     return [shlex.split(line) for line in done.stdout.splitlines()]
 
@@ -44,17 +49,81 @@ def test_the_byzantine_script_runs_every_row_at_every_seed_under_its_own_id() ->
     assert names == {"sign_flip", "alie", "gaussian", "none"}
 
 
-def test_the_table_script_reports_each_rows_points_and_rate_against_the_attack_free_run() -> None:
-    import sys
+# the other grids of the page: script -> (runs a seed, the rounds of some of its rows)
+GRIDS = {"fig1a.sh": (8, {"cg_tau10": 2000, "cg_tau40_long": 4000}),
+         "fig1bcd.sh": (14, {"ffgg_tau500": 200, "scaffold_tau500": 100, "ffgg_tau500_long": 1406}),
+         "async.sh": (8, {"async_small_k4_worker": 1500, "async_full_k4": 10000})}
 
-    import numpy as np
-    import pandas as pd
+
+@pytest.mark.parametrize("script", sorted(GRIDS))
+def test_each_figure_script_runs_every_row_at_every_seed_under_its_own_id(script: str) -> None:
+    per_seed, rounds = GRIDS[script]
+    runs = planned_runs("0 1 2", "--set", "output.dir=/tmp/x", script=REPO / "jobs" / "ffgg" / script)
+    assert len(runs) == 3 * per_seed
+    configs = [load_config(REPO / args[2], overrides(args)) for args in runs]
+    ids = [c.run.run_id for c in configs]
+    assert len(set(ids)) == len(ids)
+    assert all(c.run.run_id.endswith(f"_s{c.run.seed}") and c.output.dir == "/tmp/x" for c in configs)
+    assert {c.run.seed for c in configs} == {0, 1, 2}
+    for c in configs:
+        row = c.run.run_id.rsplit("_s", 1)[0]
+        if row in rounds:
+            assert c.run.rounds == rounds[row], row
+
+
+def test_grid_runs_every_command_parallel_and_retries_a_failed_run_once(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    driver = tmp_path / "grid_test.sh"
+    driver.write_text(f"""source {REPO / "jobs" / "grid.sh"}
+run() {{ echo "$*" >> {log}; [[ "$*" != *bad_s1* ]]; }}
+grid_add good run a
+grid_add bad run b
+grid_run
+""")
+    done = subprocess.run(["bash", str(driver)], env={**os.environ, "SEEDS": "0 1", "PARALLEL": "2"},
+                          capture_output=True, text=True, timeout=60)
+    lines = log.read_text().splitlines()
+    assert done.returncode == 1  # bad_s1 failed twice
+    assert sorted(line.split("run.run_id=")[1].split()[0] for line in lines) == \
+        ["bad_s0", "bad_s1", "bad_s1", "good_s0", "good_s1"]
+    assert all("output.overwrite=true" in line for line in lines)
+
+
+def test_seed_table_reports_points_minimum_finals_and_every_seed() -> None:
+    seed_table = scripts_module("seed_table")
+    r = np.arange(0, 2000, 1)
+    rounds = pd.concat([
+        pd.DataFrame({"run_id": f"cg_tau{tau}_s{seed}", "round": r, "F_norm": (1.0 + seed) * np.exp(-rate * r) + 0.01,
+                      "dist_sq": np.where(r == r[-1], 0.25 * (seed + 1), np.nan)})
+        for tau, rate in ((1, 0.001), (5, 0.004)) for seed in (0, 1)]
+        + [pd.DataFrame({"run_id": ["no_seed_suffix"], "round": [0], "F_norm": [1.0], "dist_sq": [1.0]})])
+    runs = seed_table.per_run(rounds, "F_norm", (500, 1000), ("dist_sq",)).set_index(["row", "seed"])
+    assert runs.loc[("cg_tau5", 1), "at500"] == 2.0 * np.exp(-0.004 * 499) + 0.01  # after 500 rounds
+    assert runs.loc[("cg_tau1", 0), "dist_sq"] == 0.25 and runs.loc[("cg_tau1", 1), "rounds"] == 2000
+    assert "no_seed_suffix" not in runs.index.get_level_values("row")
+    text = seed_table.table(runs.reset_index(), "F_norm", (500, 1000), ("dist_sq",), show_min=True,
+                            rows=["cg_tau5", "cg_tau1"])
+    lines = text.splitlines()
+    assert lines[0] == ("| run | rounds | F_norm after 500 → 1000 → final (mean over seeds) | min (mean) | dist_sq final"
+                        " | final F_norm at seed 0 / 1 |")
+    assert lines[2] == ("| `cg_tau5` | 2000 | 0.214 → 0.0376 → **0.0105** | 0.0105 | 0.375 | 0.0103 / 0.0107 |")
+    assert lines[3].startswith("| `cg_tau1` |")
+
+
+def scripts_module(name: str):
+    import importlib
+    import sys
 
     sys.path.insert(0, str(REPO / "scripts"))
     try:
-        from ffgg_byzantine_table import per_run, table
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(REPO / "scripts"))
+
+
+def test_the_table_script_reports_each_rows_points_and_rate_against_the_attack_free_run() -> None:
+    byzantine = scripts_module("ffgg_byzantine_table")
+    per_run, table = byzantine.per_run, byzantine.table
     r = np.arange(600)
     rounds = pd.concat([
         pd.DataFrame({"run_id": f"{run}_s{seed}", "round": r, "F_norm": 2.0 * np.exp(-rate * r), "dist_sq": 0.5})

@@ -12,28 +12,23 @@
 # attack: br_ffgg refuses a non-robust aggregator. Run ids are `<attack><scale>_<agg>_s<seed>`.
 #
 # SEEDS="0 1 2" runs every row at each seed (default 0); PARALLEL=N runs N runs at a time (each
-# takes one core); DRY_RUN=1 prints the commands instead. Extra arguments pass through to every
-# run, e.g. `SEEDS="0 1 2" PARALLEL=16 jobs/ffgg/byzantine.sh --set run.rounds=600 --set
+# takes one core); DRY_RUN=1 prints the commands instead (jobs/grid.sh). Extra arguments pass
+# through to every run, e.g. `SEEDS="0 1 2" PARALLEL=16 jobs/ffgg/byzantine.sh --set run.rounds=600 --set
 # output.dir=results/ffgg`.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-extra=("$@")
-SEEDS=${SEEDS:-0}
-PARALLEL=${PARALLEL:-1}
+GRID_EXTRA=("$@")
+source jobs/grid.sh
 
-commands=()
 add() {  # add AGG ID OVERRIDES...: the row's run at every seed (AGG: median, mean, or a robust.aggregator)
-  local agg=$1 id=$2 seed
+  local agg=$1 id=$2
   shift 2
   case $agg in
     median) set -- --set algorithm.name=br_ffgg --set "robust.aggregator={name: median, bucket_size: 2}" "$@" ;;
     mean) set -- --set algorithm.name=ffgg --set "robust.aggregator={name: mean, bucket_size: 1}" "$@" ;;
     *) set -- --set algorithm.name=br_ffgg --set "robust.aggregator=$agg" "$@" ;;
   esac
-  for seed in $SEEDS; do
-    commands+=("$(printf '%q ' rayfl run jobs/ffgg/quadratic_byzantine.yaml "$@" --set run.seed="$seed" \
-      --set run.run_id="${id}_s$seed" --set output.overwrite=true "${extra[@]}")")
-  done
+  grid_add "$id" rayfl run jobs/ffgg/quadratic_byzantine.yaml "$@"
 }
 
 for scale in 20 1; do
@@ -57,20 +52,4 @@ for agg in "trimmed_mean:{name: trimmed_mean, trim_fraction: 0.1, bucket_size: 1
 done
 add mean none_mean --set robust.attack.name=none
 
-if [ -n "${DRY_RUN:-}" ]; then
-  printf '%s\n' "${commands[@]}"
-  exit 0
-fi
-failed=0
-running=0
-for command in "${commands[@]}"; do
-  (eval "$command" || eval "$command") &  # one retry: a run that failed is started again
-  if (( ++running >= PARALLEL )); then
-    wait -n || failed=1
-    (( running-- ))
-  fi
-done
-while (( running-- > 0 )); do
-  wait -n || failed=1
-done
-exit $failed
+grid_run
