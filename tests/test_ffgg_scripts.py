@@ -97,7 +97,8 @@ def test_seed_table_reports_points_minimum_finals_and_every_seed() -> None:
                       "dist_sq": np.where(r == r[-1], 0.25 * (seed + 1), np.nan)})
         for tau, rate in ((1, 0.001), (5, 0.004)) for seed in (0, 1)]
         + [pd.DataFrame({"run_id": ["no_seed_suffix"], "round": [0], "F_norm": [1.0], "dist_sq": [1.0]})])
-    runs = seed_table.per_run(rounds, "F_norm", (500, 1000), ("dist_sq",)).set_index(["row", "seed"])
+    runs = seed_table.per_run(rounds, "F_norm", (500, 1000), ("dist_sq",), tail=2).set_index(["row", "seed"])
+    assert runs.loc[("cg_tau1", 0), "tail"] == pytest.approx(np.exp(-0.001 * 1998.5) * np.cosh(0.0005) + 0.01, rel=1e-12)
     assert runs.loc[("cg_tau5", 1), "at500"] == 2.0 * np.exp(-0.004 * 499) + 0.01  # after 500 rounds
     assert runs.loc[("cg_tau1", 0), "dist_sq"] == 0.25 and runs.loc[("cg_tau1", 1), "rounds"] == 2000
     assert "no_seed_suffix" not in runs.index.get_level_values("row")
@@ -108,6 +109,17 @@ def test_seed_table_reports_points_minimum_finals_and_every_seed() -> None:
                         " | final F_norm at seed 0 / 1 |")
     assert lines[2] == ("| `cg_tau5` | 2000 | 0.214 → 0.0376 → **0.0105** | 0.0105 | 0.375 | 0.0103 / 0.0107 |")
     assert lines[3].startswith("| `cg_tau1` |")
+
+
+def test_seed_table_reports_the_staleness_of_accepted_updates() -> None:
+    seed_table = scripts_module("seed_table")
+    clients = pd.DataFrame({"run_id": ["a_s0"] * 4 + ["a_s1"] * 2, "outcome": ["ok", "ok", "ok", "late", "ok", "ok"],
+                            "staleness": [0, 2, 4, 40, 1, 9]})
+    stale = seed_table.staleness(clients).set_index("seed")
+    assert stale.loc[0, "stale_mean"] == 2.0 and stale.loc[0, "stale_max"] == 4  # the late task is not applied
+    rounds = pd.DataFrame({"run_id": ["a_s0", "a_s1"], "round": [0, 0], "F_norm": [1.0, 3.0]})
+    runs = seed_table.per_run(rounds, "F_norm", ()).merge(stale.reset_index(), on=["row", "seed"])
+    assert seed_table.table(runs, "F_norm", ()).splitlines()[2] == "| `a` | 1 | **2** | 3.5 / 9 | 1 / 3 |"
 
 
 def scripts_module(name: str):
