@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # FFGG Fig. 1(b-d): FFGG (GD fine-tuner) vs Local GD, SCAFFOLD, L2GD at tau in TAUS (default
 # 100 200 500), 200 rounds (SCAFFOLD and Local GD at tau = 500: 100, their curves do not depend on
-# tau); L2GD without the factor M in its step (l2gd_tau100_alpha_noM); FFGG at tau = 500 over 1406
-# rounds (ffgg_tau500_long). Each at every seed of SEEDS (jobs/grid.sh: run ids <method>_tau<tau>_s<seed>,
+# tau); L2GD without the factor M in its step (l2gd_tau100_alpha_noM); FFGG at each tau over 2000
+# rounds (ffgg_tau<tau>_long: the floor each tau settles on). Each at every seed of SEEDS (jobs/grid.sh: run ids <method>_tau<tau>_s<seed>,
 # PARALLEL at a time, DRY_RUN=1 lists them). Extra arguments go to every run:
 #   SEEDS="0 1 2" PARALLEL=2 jobs/ffgg/fig1bcd.sh --set output.dir=results/ffgg
 #   python scripts/seed_table.py results/ffgg/ffgg_fig1bcd --at 1 100 200 --final dist_sq --min
@@ -20,7 +20,9 @@ done
 if [ -z "${TAUS:-}" ]; then
   grid_add l2gd_tau100_alpha_noM rayfl run jobs/ffgg/quadratic_fig1bcd_l2gd.yaml --set algorithm.tau=100 \
     --set run.rounds=200 --set algorithm.alpha_scale=0.03125
-  grid_add ffgg_tau500_long rayfl run jobs/ffgg/quadratic_fig1bcd_ffgg.yaml --set algorithm.tau=500 \
-    --set run.rounds=1406 --set run.eval_every=500
 fi
+for tau in ${TAUS:-100 200 500}; do
+  grid_add ffgg_tau${tau}_long rayfl run jobs/ffgg/quadratic_fig1bcd_ffgg.yaml --set algorithm.tau=$tau \
+    --set run.rounds=2000 --set run.eval_every=500
+done
 grid_run
