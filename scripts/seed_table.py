@@ -9,7 +9,7 @@ prints one Markdown row per run id without its seed suffix:
 - with --min, its smallest value over the run; with --tail N, its mean over the last N logged
   rounds (the plateau of a noisy curve); both as means over seeds;
 - with --staleness, the mean and largest staleness of the run's accepted updates (its clients
-  table): the mean over seeds, the largest at any seed;
+  table): the mean over seeds, the largest at any seed; and how many clients made them;
 - the last value of each --final column, mean over seeds;
 - the metric's last value at each seed, so that the spread is in the table.
 A run that ended earlier (still going, or cut) shows its last value at later points, and its
@@ -58,15 +58,16 @@ def per_run(rounds: pd.DataFrame, metric: str, at: Sequence[int], finals: Sequen
 
 
 def staleness(clients: pd.DataFrame) -> pd.DataFrame:
-    """row, seed, stale_mean, stale_max: the staleness of each run's accepted updates."""
+    """row, seed, stale_mean, stale_max, clients: the staleness of each run's accepted updates,
+    and how many distinct clients made them."""
     ok = clients[clients.outcome == "ok"] if "outcome" in clients.columns else clients
     out = []
     for run_id, t in ok.groupby("run_id"):
         m = SEED.match(str(run_id))
         if m and "staleness" in t.columns and t.staleness.notna().any():
             out.append({"row": m["row"], "seed": int(m["seed"]), "stale_mean": t.staleness.mean(),
-                        "stale_max": t.staleness.max()})
-    return pd.DataFrame(out, columns=["row", "seed", "stale_mean", "stale_max"])
+                        "stale_max": t.staleness.max(), "clients": t.client.nunique()})
+    return pd.DataFrame(out, columns=["row", "seed", "stale_mean", "stale_max", "clients"])
 
 
 def number(v: float) -> str:
@@ -84,7 +85,7 @@ def table(runs: pd.DataFrame, metric: str, at: Sequence[int], finals: Sequence[s
     head += [f"mean of the last {tail}"] if tail > 0 else []
     head += [f"{col} final" for col in finals]
     stale = "stale_mean" in runs.columns
-    head += ["staleness mean / max"] if stale else []
+    head += ["staleness mean / max", "clients updating"] if stale else []
     head += [f"final {metric} at seed " + " / ".join(map(str, seeds))]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     order = list(rows) if rows is not None else sorted(runs.row.unique())
@@ -99,7 +100,9 @@ def table(runs: pd.DataFrame, metric: str, at: Sequence[int], finals: Sequence[s
         cells += [number(mean["min"])] if show_min else []
         cells += [number(mean["tail"])] if tail > 0 else []
         cells += [number(mean[col]) for col in finals]
-        cells += [f"{mean.stale_mean:.1f} / {g.stale_max.max():.0f}"] if stale else []
+        if stale:
+            low, high = int(g.clients.min()), int(g.clients.max())
+            cells += [f"{mean.stale_mean:.1f} / {g.stale_max.max():.0f}", str(high) if low == high else f"{low}–{high}"]
         cells += [" / ".join(number(v) for v in g.final)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

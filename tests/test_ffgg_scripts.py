@@ -114,12 +114,12 @@ def test_seed_table_reports_points_minimum_finals_and_every_seed() -> None:
 def test_seed_table_reports_the_staleness_of_accepted_updates() -> None:
     seed_table = scripts_module("seed_table")
     clients = pd.DataFrame({"run_id": ["a_s0"] * 4 + ["a_s1"] * 2, "outcome": ["ok", "ok", "ok", "late", "ok", "ok"],
-                            "staleness": [0, 2, 4, 40, 1, 9]})
+                            "staleness": [0, 2, 4, 40, 1, 9], "client": [3, 3, 5, 7, 1, 2]})
     stale = seed_table.staleness(clients).set_index("seed")
     assert stale.loc[0, "stale_mean"] == 2.0 and stale.loc[0, "stale_max"] == 4  # the late task is not applied
     rounds = pd.DataFrame({"run_id": ["a_s0", "a_s1"], "round": [0, 0], "F_norm": [1.0, 3.0]})
     runs = seed_table.per_run(rounds, "F_norm", ()).merge(stale.reset_index(), on=["row", "seed"])
-    assert seed_table.table(runs, "F_norm", ()).splitlines()[2] == "| `a` | 1 | **2** | 3.5 / 9 | 1 / 3 |"
+    assert seed_table.table(runs, "F_norm", ()).splitlines()[2] == "| `a` | 1 | **2** | 3.5 / 9 | 2 | 1 / 3 |"
 
 
 def scripts_module(name: str):
