@@ -103,8 +103,9 @@ class Lockstep:
     def _client(self, fn: Callable[..., Any], ctx: ClientContext, kwargs: dict[str, Any], turn: _Turn,
                 torch_threads: int) -> None:
         self._turns[threading.get_ident()] = turn
-        # torch's intra-op thread count is per OS thread: a new thread would take the machine's
-        # default instead of the host's engine.torch_threads (slower, with other rounding)
+        # torch sets up its intra-op threading per OS thread, lazily; in a host process that lazy
+        # set-up left every later op of the thread slow (FFGG's CG clients: 3x a round's wall
+        # time), while setting the host's engine.torch_threads first costs nothing (same bits)
         torch.set_num_threads(torch_threads)
         turn.go.wait()
         ctx.lockstep = self
