@@ -52,7 +52,7 @@ def test_the_byzantine_script_runs_every_row_at_every_seed_under_its_own_id() ->
 # the other grids of the page: script -> (runs a seed, the rounds of some of its rows)
 GRIDS = {"fig1a.sh": (8, {"cg_tau10": 2000, "cg_tau40_long": 4000}),
          "fig1bcd.sh": (16, {"ffgg_tau500": 200, "scaffold_tau500": 100, "ffgg_tau100_long": 2000}),
-         "async.sh": (8, {"async_small_k4_worker": 1500, "async_full_k4": 10000})}
+         "async.sh": (9, {"async_small_k4_worker": 1500, "async_full_k4": 10000, "async_full_k4_worker": 10000})}
 
 
 @pytest.mark.parametrize("script", sorted(GRIDS))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Asynchronous FFGG (Alg. 3), every run of the FFGG page's async table: K = 4 jobs in flight with
-# the delay-adaptive step in theory and worker dispatch (small instance), K = 4 on the full-size
-# instance (10,000 updates), the diverging control (full size, K = 8, constant step 1/L), and every
+# the delay-adaptive step in theory and worker dispatch, on the small instance and on the full-size
+# one (10,000 updates), the diverging control (full size, K = 8, constant step 1/L), and every
 # client a worker (K = 32, 3,000 updates) in both modes at the K = 4 step and at 1/8 of it.
 # Each at every seed of SEEDS (jobs/grid.sh: run ids <run>_s<seed>, PARALLEL at a time, DRY_RUN=1
 # lists them). Extra arguments go to every run:
@@ -18,6 +18,8 @@ for mode in theory worker; do
 done
 grid_add async_full_k4 rayfl run $job "${full[@]}" --set run.rounds=10000 --set run.eval_every=1000 \
   --set output.checkpoint_every=5000
+grid_add async_full_k4_worker rayfl run $job "${full[@]}" --set algorithm.dispatch=worker --set run.rounds=10000 \
+  --set run.eval_every=1000 --set output.checkpoint_every=5000
 grid_add async_full_k8_constant rayfl run $job "${full[@]}" --set algorithm.concurrency=8 \
   --set algorithm.step_rule=constant --set algorithm.server_lr=null --set run.rounds=1000
 for mode in theory worker; do
