@@ -386,3 +386,12 @@ def test_l2gd_client_and_steps_by_hand():
     assert p == 0.01 and local == pytest.approx(alpha / (32 * 0.99)) and mix == pytest.approx(alpha * 0.1 / (32 * 0.01))
     # alpha_scale = 1/M: the step without the factor M, both steps 32x smaller
     assert l2gd_steps(L2GDConfig(tau=100, lam=0.1, alpha_scale=1 / 32), 32, 85.0) == pytest.approx((p, local / 32, mix / 32))
+
+
+@pytest.mark.parametrize("key,value", [("lam", 0.0), ("p", 1.0), ("alpha", -1.0), ("alpha_scale", 0.0)])
+def test_bad_l2gd_config_names_the_key(key, value):
+    from rayfl.algorithms.l2gd import L2GDConfig
+    from rayfl.config import ConfigError
+
+    with pytest.raises(ConfigError, match=f"algorithm.{key}"):
+        L2GDConfig(tau=100, **{key: value}).validate()
