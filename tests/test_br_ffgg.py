@@ -200,3 +200,30 @@ def test_the_report_reads_robust_settings_from_either_place():
     assert runs.loc["old", ["aggregator", "attack"]].tolist() == ["median", "alie"]
     assert runs.loc["new", ["aggregator", "attack"]].tolist() == ["krum", "ipm"]
     assert runs.loc["control", ["algorithm", "aggregator", "attack"]].tolist() == ["ffgg", "mean", "ipm"]
+
+
+def test_the_reports_curves_are_one_band_per_setting_over_its_seeds():
+    """The seeds of one setting are one curve (their median in a min-max band); a setting run
+    for two horizons is two curves; an overflowed value leaves a gap, not an infinite band."""
+    import numpy as np
+    import pandas as pd
+
+    from rayfl.papers.ffgg.report import seed_bands
+    from rayfl.results.load import Results
+
+    ids = ["t1_s0", "t1_s1", "t40_s0", "t40_long_s0"]
+    lengths = {"t1_s0": 3, "t1_s1": 3, "t40_s0": 2, "t40_long_s0": 4}
+    rounds = pd.concat([pd.DataFrame({"experiment": "a", "run_id": i, "round": np.arange(n),
+                                      "F_norm": [np.inf if i == "t1_s1" and k == 2 else 10.0 ** -k for k in range(n)]})
+                        for i, n in lengths.items()])
+    runs = pd.DataFrame({"experiment": "a", "run_id": ids, "tau": [1, 1, 40, 40], "rounds": [lengths[i] for i in ids]})
+    bands = dict(seed_bands(Results(rounds, pd.DataFrame(), pd.DataFrame(), pd.DataFrame()), runs,
+                            lambda r: f"tau = {r['tau']}"))
+    assert sorted(bands) == ["tau = 1", "tau = 40, 2 rounds", "tau = 40, 4 rounds"]
+    assert bands["tau = 1"].shape == (3, 2)
+    assert np.isnan(bands["tau = 1"].loc[2, "t1_s1"]) and bands["tau = 1"].loc[2, "t1_s0"] == 0.01
+    assert bands["tau = 40, 4 rounds"].shape == (4, 1)
+    from rayfl.papers.ffgg.report import baseline_label
+
+    assert baseline_label(pd.Series({"algorithm": "l2gd", "alpha_scale": 0.03125})) == "L2GD, alpha x 0.03125"
+    assert baseline_label(pd.Series({"algorithm": "l2gd", "alpha_scale": 1.0})) == "L2GD"
