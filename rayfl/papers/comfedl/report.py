@@ -4,7 +4,9 @@
   for ComFedL, DRFL, q-FedAvg and FedAvg on the quantity-skewed MNIST, mean +- std over seeds,
   and `comfedl_fig2.csv`: the final values of every method (mean +- std), worst client first.
 - Fig. 3: ComFedL's average train / validation accuracy for each tau (top, gamma = 0.2) and each
-  gamma (bottom, tau = 5), plus the worst-client validation accuracy of each.
+  gamma (bottom, tau = 5), plus the worst-client validation accuracy of each; and
+  `comfedl_fig3.csv` / `.md`: average / worst-client validation after rounds 19, 49, 99 and 199,
+  means over seeds.
 - Fig. 6: the final personalized validation accuracy (average and worst client) of
   ComFedL-DAMAML and FedAvg against the dominant-class fraction rho.
 
@@ -172,7 +174,42 @@ def _fig3(results: Results, runs: pd.DataFrame, out: Path) -> list[str]:
     path = out / "comfedl_fig3.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    return [f"ComFedL Fig. 3 -> {path}"]
+    table = fig3_table(results, [("τ", "tau", taus), ("γ", "gamma", gammas)])
+    table.to_csv(out / "comfedl_fig3.csv", index=False)
+    (out / "comfedl_fig3.md").write_text(fig3_markdown(table) + "\n")
+    return [f"ComFedL Fig. 3 -> {path}", *fig3_markdown(table).splitlines()]
+
+
+FIG3_ROUNDS = (19, 49, 99, 199)  # the logged rounds the replication page reports
+
+
+def fig3_table(results: Results, groups: list[tuple[str, str, pd.DataFrame]]) -> pd.DataFrame:
+    """One row per ablation value: its average and worst-client validation accuracy (%) after
+    each round of FIG3_ROUNDS that was logged, means over its seeds (runs of the same setting
+    and seed count once), and how many seeds."""
+    rows = []
+    for symbol, key, sel in groups:
+        for value in sorted(sel[key].unique()):
+            runs = sel[sel[key] == value].drop_duplicates("seed")
+            row: dict[str, object] = {"setting": f"{symbol} = {value:g}", "seeds": len(runs)}
+            for metric in ("avg_val_accuracy", "worst_val_accuracy"):
+                c = curves(results, runs, metric)
+                means = c.groupby("round")["value"].mean()
+                for r in FIG3_ROUNDS:
+                    row[f"{metric}@{r}"] = 100 * means.get(r, math.nan)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def fig3_markdown(table: pd.DataFrame) -> str:
+    """The table as the replication page shows it: average / worst-client validation per round."""
+    lines = ["| setting | seeds | " + " | ".join(f"round {r}" for r in FIG3_ROUNDS) + " |",
+             "|---|---|" + "---|" * len(FIG3_ROUNDS)]
+    for _, row in table.iterrows():
+        cells = [f"{row[f'avg_val_accuracy@{r}']:.1f} / {row[f'worst_val_accuracy@{r}']:.1f}"
+                 if not math.isnan(row[f"avg_val_accuracy@{r}"]) else "—" for r in FIG3_ROUNDS]
+        lines.append(f"| {row['setting']} | {row['seeds']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 FIG6_EXPERIMENT = "comfedl_fig6"  # jobs/comfedl/fig6.sh
