@@ -1,26 +1,24 @@
 #!/usr/bin/env bash
-# FedRZO's Fig. 4 (NeurIPS 2023, App. D.2): FedRZO_nn on CIFAR-10 with 4 / 20 / 100 hidden
-# neurons, a panel per eta, a line per H, all under experiment `fedrzo_fig4`;
-# `rayfl report <output.dir>/fedrzo_fig4` draws it (fedrzo_fig4.png).
-#
-#   jobs/fedrzo/fig4.sh                                                     # real CIFAR-10, R = 300
-#   JOB=jobs/fedrzo/fig4_synthetic.yaml jobs/fedrzo/fig4.sh --set run.rounds=50   # offline, CIFAR-shaped
-set -euo pipefail
+# FedRZO's Fig. 4 (NeurIPS 2023, App. D.2): FedRZO_nn on CIFAR-10 with NEURONS (default 4 20 100)
+# hidden neurons, a panel per eta in ETAS, a line per H in HS, all under experiment `fedrzo_fig4`,
+# each at every seed of SEEDS (jobs/grid.sh: run ids N<n1>_eta<eta>_H<H>_s<seed>, PARALLEL at a
+# time, DRY_RUN=1 lists them). JOB picks the job (default jobs/fedrzo/fig4_cifar.yaml, real
+# CIFAR-10, R = 300); extra arguments go to every run:
+#   JOB=jobs/fedrzo/fig4_synthetic.yaml SEEDS="0 1 2" PARALLEL=2 jobs/fedrzo/fig4.sh \
+#     --set run.rounds=30 --set run.eval_every=5 --set output.dir=results/fedrzo   # offline, CIFAR-shaped
+#   python scripts/seed_table.py results/fedrzo/fedrzo_fig4 --metric objective --at 5 --final test_accuracy
+#   rayfl report results/fedrzo/fedrzo_fig4                     # fedrzo_fig4.png, fedrzo_fig4_final.csv
+set -uo pipefail
 cd "$(dirname "$0")/../.."
-NEURONS=${NEURONS:-"4 20 100"}
-ETAS=${ETAS:-"0.1 0.01 0.001"}
-HS=${HS:-"1 5 10 20"}
+GRID_EXTRA=("$@")
+source jobs/grid.sh
 JOB=${JOB:-jobs/fedrzo/fig4_cifar.yaml}
-SEEDS=${SEEDS:-"0"}
-for seed in $SEEDS; do
-  for n1 in $NEURONS; do
-    for eta in $ETAS; do
-      for h in $HS; do
-        echo "== N1=$n1 eta=$eta H=$h seed=$seed" >&2
-        args=("$JOB" --quiet --set "run.seed=$seed" --set "model.hidden=[$n1]"
-          --set "algorithm.eta=$eta" --set "algorithm.local_steps=$h" --set "run.run_id=N1=$n1,eta=$eta,H=$h,s$seed" "$@")
-        rayfl run "${args[@]}" || rayfl run "${args[@]}" --set output.overwrite=true  # retry a timed-out Ray start
-      done
+for n1 in ${NEURONS:-4 20 100}; do
+  for eta in ${ETAS:-0.1 0.01 0.001}; do
+    for h in ${HS:-1 5 10 20}; do
+      grid_add "N${n1}_eta${eta}_H$h" rayfl run "$JOB" --quiet --set "model.hidden=[$n1]" \
+        --set "algorithm.eta=$eta" --set "algorithm.local_steps=$h"
     done
   done
 done
+grid_run

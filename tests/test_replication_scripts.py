@@ -1,6 +1,7 @@
-"""The FFGG page's tables come from scripts (jobs/ffgg/*.sh on jobs/grid.sh): every row of a
-table at every seed asked for, each run under its own id, each command a valid job; and the
-table scripts (scripts/seed_table.py, scripts/ffgg_byzantine_table.py) read the runs right."""
+"""The replication pages' tables come from scripts (jobs/ffgg/*.sh and jobs/fedrzo/*.sh on
+jobs/grid.sh): every row of a table at every seed asked for, each run under its own id, each
+command a valid job; and the table scripts (scripts/seed_table.py,
+scripts/ffgg_byzantine_table.py) read the runs right."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ SCRIPT = REPO / "jobs" / "ffgg" / "byzantine.sh"
 ROWS = 17
 
 
-def planned_runs(seeds: str, *extra: str, script: Path = SCRIPT) -> list[list[str]]:
+def planned_runs(seeds: str, *extra: str, script: Path = SCRIPT, env: dict[str, str] | None = None) -> list[list[str]]:
     """The `rayfl run` commands the script would run, as argument lists."""
-    done = subprocess.run(["bash", str(script), *extra], env={**os.environ, "DRY_RUN": "1", "SEEDS": seeds},
+    done = subprocess.run(["bash", str(script), *extra], env={**os.environ, "DRY_RUN": "1", "SEEDS": seeds, **(env or {})},
                           capture_output=True, text=True, timeout=60, check=True)
     return [shlex.split(line) for line in done.stdout.splitlines()]
 
@@ -49,16 +50,21 @@ def test_the_byzantine_script_runs_every_row_at_every_seed_under_its_own_id() ->
     assert names == {"sign_flip", "alie", "gaussian", "none"}
 
 
-# the other grids of the page: script -> (runs a seed, the rounds of some of its rows)
-GRIDS = {"fig1a.sh": (8, {"cg_tau10": 2000, "cg_tau40_long": 4000}),
-         "fig1bcd.sh": (16, {"ffgg_tau500": 200, "scaffold_tau500": 100, "ffgg_tau100_long": 2000}),
-         "async.sh": (9, {"async_small_k4_worker": 1500, "async_full_k4": 10000, "async_full_k4_worker": 10000})}
+# the other grids of the pages: script -> (runs a seed, the rounds of some of its rows)
+GRIDS = {"ffgg/fig1a.sh": (8, {"cg_tau10": 2000, "cg_tau40_long": 4000}),
+         "ffgg/fig1bcd.sh": (16, {"ffgg_tau500": 200, "scaffold_tau500": 100, "ffgg_tau100_long": 2000}),
+         "ffgg/async.sh": (9, {"async_small_k4_worker": 1500, "async_full_k4": 10000, "async_full_k4_worker": 10000}),
+         "fedrzo/fig1.sh": (12, {"eta0.001_H20": 300, "eta0.1_H1": 300}),
+         "fedrzo/fig2.sh": (4, {"hyper_H1": 150, "hyper_H10": 60, "fair_H1": 100, "fair_H10": 100}),
+         "fedrzo/fig3.sh": (29, {"fedrzo_nn_H5": 300, "fedmspp_H20_beta10": 300}),
+         "fedrzo/fig3_lr.sh": (13, {"fedavg_lr0.03": 300}),
+         "fedrzo/fig4.sh": (36, {"N100_eta0.01_H10": 300})}
 
 
 @pytest.mark.parametrize("script", sorted(GRIDS))
 def test_each_figure_script_runs_every_row_at_every_seed_under_its_own_id(script: str) -> None:
     per_seed, rounds = GRIDS[script]
-    runs = planned_runs("0 1 2", "--set", "output.dir=/tmp/x", script=REPO / "jobs" / "ffgg" / script)
+    runs = planned_runs("0 1 2", "--set", "output.dir=/tmp/x", script=REPO / "jobs" / script)
     assert len(runs) == 3 * per_seed
     configs = [load_config(REPO / args[2], overrides(args)) for args in runs]
     ids = [c.run.run_id for c in configs]
@@ -69,6 +75,24 @@ def test_each_figure_script_runs_every_row_at_every_seed_under_its_own_id(script
         row = c.run.run_id.rsplit("_s", 1)[0]
         if row in rounds:
             assert c.run.rounds == rounds[row], row
+
+
+def test_fedrzo_scripts_run_the_rows_the_page_reads() -> None:
+    runs = planned_runs("0", script=REPO / "jobs" / "fedrzo" / "fig3.sh")
+    configs = {c.run.run_id: c for c in (load_config(REPO / a[2], overrides(a)) for a in runs)}
+    # FedMSPP at H = 20 twice: in the figure at the grid's lr, and at lr = 0.1 in its own experiment
+    assert configs["fedmspp_H20_beta1_s0"].run.experiment == "fedrzo_fig3"
+    assert configs["fedmspp_lr0.1_H20_beta1_s0"].run.experiment == "fedrzo_fig3_fedmspp_h20"
+    assert configs["fedmspp_lr0.1_H20_beta1_s0"].algorithm.lr == 0.1
+    assert configs["fedrzo_nn_H5_s0"].algorithm.name == "fedrzo_nn" and configs["fedrzo_nn_H5_s0"].run.experiment == "fedrzo_fig3"
+    assert configs["fedprox_H5_beta100_s0"].model.softplus_beta == 100
+    lr = planned_runs("0", script=REPO / "jobs" / "fedrzo" / "fig3.sh", env={"LR_FEDAVG": "0.3"})
+    fedavg = [load_config(REPO / a[2], overrides(a)) for a in lr if "algorithm.name=fedavg" in a]
+    assert len(fedavg) == 6 and all(c.algorithm.lr == 0.3 for c in fedavg)
+    # an H without its own job keeps the H = 10 job's local-step budget
+    extra = planned_runs("0", script=REPO / "jobs" / "fedrzo" / "fig2.sh", env={"HS": "5 20", "PROBLEMS": "hyper"})
+    assert [(c.algorithm.local_steps, c.run.rounds) for c in (load_config(REPO / a[2], overrides(a)) for a in extra)] == \
+        [(5, 120), (20, 30)]
 
 
 def test_grid_runs_every_command_parallel_and_retries_a_failed_run_once(tmp_path: Path) -> None:
@@ -109,6 +133,12 @@ def test_seed_table_reports_points_minimum_finals_and_every_seed() -> None:
                         " | final F_norm at seed 0 / 1 |")
     assert lines[2] == ("| `cg_tau5` | 2000 | 0.214 → 0.0376 → **0.0105** | 0.0105 | 0.375 | 0.0103 / 0.0107 |")
     assert lines[3].startswith("| `cg_tau1` |")
+    # rounds to F <= 0.1: (1 + seed) e^(-rate r) + 0.01 <= 0.1 first at r = ceil(ln((1 + seed) / 0.09) / rate),
+    # i.e. round index 602 / 776 for tau = 5 (603 / 777 rounds); tau = 1 at seed 0 needs r = 2408 > 2000
+    reach = seed_table.per_run(rounds, "F_norm", (), reach=0.1)
+    assert seed_table.table(reach, "F_norm", (), rows=["cg_tau5", "cg_tau1"], reach=0.1).splitlines()[2:] == [
+        "| `cg_tau5` | 2000 | **0.0105** | 603 / 777 | 0.0103 / 0.0107 |",
+        "| `cg_tau1` | 2000 | **0.213** | > 2000 / > 2000 | 0.145 / 0.281 |"]
 
 
 def test_seed_table_reports_the_staleness_of_accepted_updates() -> None:
