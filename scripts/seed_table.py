@@ -86,7 +86,7 @@ def table(runs: pd.DataFrame, metric: str, at: Sequence[int], finals: Sequence[s
     """The Markdown table of `per_run`'s lines (in the order of `rows` when given)."""
     seeds = sorted(runs.seed.unique())
     points = " → ".join([*map(str, at), "final"])
-    head = ["run", "rounds", f"{metric} after {points} (mean over seeds)"]
+    head = ["run", "rounds", f"{metric} after {points} (mean over seeds)" if at else f"final {metric} (mean over seeds)"]
     head += ["min (mean)"] if show_min else []
     head += [f"mean of the last {tail}"] if tail > 0 else []
     head += [f"rounds to {metric} ≤ {reach:g}, at each seed"] if reach is not None else []
