@@ -362,6 +362,25 @@ def test_a_pinned_entry_outlives_its_eviction_until_unpinned(root):
     assert not link.exists()
 
 
+def test_an_entry_replaced_since_it_was_mapped_is_not_pinned(root):
+    # two runs that start together both build the entry; the second's store replaces the file
+    # the first has mapped, and the first must not hand its hosts the new file under its identity
+    cfg = small()
+    cached(cfg, CountingBuild(cfg))
+    hit = cached(cfg, CountingBuild(cfg))
+    path = Path(hit.mapped.path)
+    data = path.read_bytes()
+    path.unlink()  # `hit` keeps the old file's inode alive, so the new one cannot reuse it
+    path.write_bytes(data)
+    assert dcache.pin_entry(path, hit.mapped.identity) is None
+    assert not any((path.parent / dcache.PINNED_DIR).iterdir())  # no link left behind
+    link = dcache.pin_entry(path, hit.mapped.identity[:2] + (path.stat().st_size,))
+    assert link is None  # another inode, the same size
+    same = cached(cfg, CountingBuild(cfg))
+    link = dcache.pin_entry(path, same.mapped.identity)
+    assert link is not None and link.samefile(path)
+
+
 def test_pins_left_by_dead_processes_here_are_cleared(root):
     import socket
     import subprocess

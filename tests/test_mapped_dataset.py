@@ -91,3 +91,21 @@ def test_arrays_replaced_after_loading_are_shipped_not_the_file(ray_local, resul
     hit.train_x = hit.train_x * 2.0  # no longer the file's bytes
     shipped, _, _ = run_seeing_the_hosts_arrays(config(results_dir, "changed"), hit)
     assert isinstance(shipped, dict) and (shipped["train_x"] == hit.train_x).all()
+
+
+def test_a_run_whose_entry_another_run_stored_again_ships_its_rows(ray_local, results_dir, cache_root):
+    # two runs that start together both miss the cache and store the entry; the second store
+    # replaces the file the first run mapped. The first run ships its rows instead of failing
+    # at host start, and writes the same tables as a run on the file.
+    build_dataset(config(results_dir, "x"))
+    hit = build_dataset(config(results_dir, "x"))
+    path = Path(hit.mapped.path)
+    stored_again = path.with_suffix(".again")
+    stored_again.write_bytes(path.read_bytes())
+    stored_again.replace(path)  # as cache._store's rename does
+    shipped, pins, replaced_dir = run_seeing_the_hosts_arrays(config(results_dir, "replaced"), hit)
+    assert isinstance(shipped, dict) and (shipped["train_x"] == hit.train_x).all() and pins == []
+    _, _, fresh_dir = run_seeing_the_hosts_arrays(config(results_dir, "fresh"), build_dataset(config(results_dir, "x")))
+    a, b = load(replaced_dir), load(fresh_dir)
+    for table in ("rounds", "clients", "evals"):
+        pd.testing.assert_frame_equal(comparable(getattr(a, table)), comparable(getattr(b, table)), obj=table)

@@ -195,10 +195,12 @@ def _evict(root: Path, keep: Path, limit: int) -> None:
 PINNED_DIR = ".pinned"  # hard links to entries that running processes have mapped
 
 
-def pin_entry(path: Path) -> Path | None:
+def pin_entry(path: Path, identity: tuple[int, int, int] | None = None) -> Path | None:
     """Another name for entry `path` that eviction never removes, for a run whose hosts map the
     file (a host started later, to replace a dead one, maps it again). None when the link
-    cannot be made; the caller then ships the arrays instead. `unpin` removes it; links left by
+    cannot be made, or when `path` is no longer the file of `identity` (device, inode, size:
+    a run that started beside this one stored the same entry again, replacing the file this run
+    mapped); the caller then ships the arrays instead. `unpin` removes it; links left by
     processes that died on this machine are removed here."""
     import psutil
 
@@ -215,9 +217,14 @@ def pin_entry(path: Path) -> Path | None:
             link = pins / f"{me}~{os.getpid()}~{n}~{path.name}"
             try:
                 os.link(path, link)
-                return link
             except FileExistsError:
                 continue
+            st = link.stat()
+            if identity is not None and (st.st_dev, st.st_ino, st.st_size) != tuple(identity):
+                link.unlink(missing_ok=True)
+                log.info("dataset cache entry %s was replaced since it was mapped; shipping the arrays instead", path)
+                return None
+            return link
     except OSError as err:
         log.info("could not pin dataset cache entry %s (%s); shipping the arrays instead", path, err)
     return None

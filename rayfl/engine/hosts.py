@@ -176,7 +176,7 @@ class Hosts:
         if mapped is not None and all(getattr(ds, n) is mapped.get(n) for n in names) and local_ray.single_machine():
             from rayfl.data.cache import pin_entry
 
-            self._pinned = pin_entry(Path(mapped.path))
+            self._pinned = pin_entry(Path(mapped.path), mapped.identity)
             if self._pinned is not None:
                 return mapped.only(names, self._pinned)
         return {n: getattr(ds, n) if is_file_rows(getattr(ds, n)) else np.asarray(getattr(ds, n)) for n in names}
