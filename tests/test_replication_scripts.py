@@ -113,6 +113,40 @@ grid_run
     assert all("output.overwrite=true" in line for line in lines)
 
 
+@pytest.mark.parametrize("first_bad", [True, False])
+def test_grid_stops_at_a_run_that_exits_2_without_retrying_it(tmp_path: Path, first_bad: bool) -> None:
+    # exit 2 is bad input or missing data (one line from rayfl): retrying it, or starting the
+    # other runs, would print that line once per run
+    log = tmp_path / "log"
+    driver = tmp_path / "grid_test.sh"
+    rows = "grid_add bad run b\ngrid_add later run c" if first_bad else "grid_add good run a\ngrid_add bad run b\ngrid_add later run c"
+    driver.write_text(f"""source {REPO / "jobs" / "grid.sh"}
+run() {{ echo "$*" >> {log}; [[ "$*" == *bad_s* ]] && return 2; sleep 0.5; }}
+{rows}
+grid_run
+""")
+    done = subprocess.run(["bash", str(driver)], env={**os.environ, "SEEDS": "0 1", "PARALLEL": "2"},
+                          capture_output=True, text=True, timeout=60)
+    ran = sorted(line.split("run.run_id=")[1].split()[0] for line in log.read_text().splitlines())
+    assert done.returncode == 2
+    # the first run goes alone; then good_s1 and bad_s0 side by side, and nothing after bad_s0
+    assert ran == (["bad_s0"] if first_bad else ["bad_s0", "good_s0", "good_s1"])
+
+
+def test_a_grid_without_its_data_stops_in_one_line_naming_the_files(tmp_path: Path) -> None:
+    # the FedRZO page's first command, with an empty data directory: rayfl's one line, once
+    empty = tmp_path / "data"
+    empty.mkdir()
+    done = subprocess.run(
+        ["bash", str(REPO / "jobs" / "fedrzo" / "fig1.sh"), "--set", "data.source=test_only",
+         "--set", "data.download=false", "--set", f"output.dir={tmp_path / 'results'}"],
+        env={**os.environ, "RAYFL_DATA_DIR": str(empty), "SEEDS": "0 1 2", "PARALLEL": "2"},
+        capture_output=True, text=True, timeout=120)
+    out = (done.stdout + done.stderr).splitlines()
+    assert done.returncode == 2
+    assert len(out) == 1 and "t10k-images-idx3-ubyte" in out[0] and str(empty / "mnist") in out[0]
+
+
 def test_seed_table_reports_points_minimum_finals_and_every_seed() -> None:
     seed_table = scripts_module("seed_table")
     r = np.arange(0, 2000, 1)
