@@ -53,6 +53,11 @@ def test_table1_grid_and_fig2_from_results(tmp_path):
     fake_run(root, "zo-tau5", "zo_hfl", 0.3, "partition.alpha=0.1", "algorithm.participation=0.1", tau=5,
              experiment="zohfl_fig2")
     fake_run(root, "other", "fedavg", 0.2, "partition.alpha=0.5", "algorithm.participation=0.1")  # not a Table I cell
+    for experiment in ("zohfl_screen_eta", "zohfl_screen_batch"):  # the screen's default, run by two sweeps
+        fake_run(root, "s0", "scaffold", 0.85, "run.seed=0", "partition.alpha=0.1", "algorithm.participation=0.1",
+                 experiment=experiment)
+    fake_run(root, "s1", "scaffold", 0.95, "run.seed=1", "partition.alpha=0.1", "algorithm.participation=0.1",
+             experiment="zohfl_screen_eta")
     grid, runs = table1_grid(load(root))
     col = "MNIST* a=0.1 b=10%"
     assert list(grid.columns) == ["MNIST* a=1000 b=90%", "MNIST* a=1 b=50%", col]
@@ -61,6 +66,7 @@ def test_table1_grid_and_fig2_from_results(tmp_path):
     assert grid.loc["FedAvg", col] == "- (39.19)"
     assert grid.loc["FedAvg [+server data]", col] == "90.00"  # ablations: no paper number
     assert grid.loc["ZO-HFL [lam=0 (server only)]", col] == "40.00"
+    assert grid.loc["SCAFFOLD", col] == "90.00±7.07 (87.36)"  # seeds 0 and 1 once each, not seed 0 twice
     assert "zo-tau5" not in set(runs["run_id"]) and "other" not in set(runs["run_id"])  # tau 5: Fig. 2 only
     lines = write_report(root, tmp_path / "report")
     assert any(line.startswith("ZO-HFL Table I") for line in lines)

@@ -156,8 +156,10 @@ def table1_grid(results: Results) -> tuple[pd.DataFrame, pd.DataFrame]:
                         & (runs["source"] == source) & (runs["alpha"] == alpha) & (runs["beta"] == beta)
                         & ((runs["rounds"] == rounds) if rounds is not None else True)]
             paper_value = ref.get((method, dataset, alpha, beta)) if var == "" else None
+            # a setting that several sweeps ran (a screen's default in each factor) is one run a seed
+            per_seed = cell.groupby("seed", dropna=False)["accuracy"].mean()
             grid.loc[_row_label(method, var), _column_label(dataset, source, alpha, beta, rounds)] = _cell(
-                cell["accuracy"], paper_value, unfinished=bool((cell["status"] != "completed").any()))
+                per_seed, paper_value, unfinished=bool((cell["status"] != "completed").any()))
     return grid, runs
 
 
