@@ -58,7 +58,8 @@ GRIDS = {"ffgg/fig1a.sh": (8, {"cg_tau10": 2000, "cg_tau40_long": 4000}),
          "fedrzo/fig2.sh": (4, {"hyper_H1": 150, "hyper_H10": 60, "fair_H1": 100, "fair_H10": 100}),
          "fedrzo/fig3.sh": (29, {"fedrzo_nn_H5": 300, "fedmspp_H20_beta10": 300}),
          "fedrzo/fig3_lr.sh": (13, {"fedavg_lr0.03": 300}),
-         "fedrzo/fig4.sh": (36, {"N100_eta0.01_H10": 300})}
+         "fedrzo/fig4.sh": (36, {"N100_eta0.01_H10": 300}),
+         "zo_hfl/ablations.sh": (15, {"a0.1_b0.1_zo_hfl_lam0": 500, "a1000_b0.9_fedavg_multiplier2": 500})}
 
 
 @pytest.mark.parametrize("script", sorted(GRIDS))
