@@ -96,42 +96,44 @@ def test_fedrzo_scripts_run_the_rows_the_page_reads() -> None:
         [(5, 120), (20, 30)]
 
 
-def test_grid_runs_every_command_parallel_and_retries_a_failed_run_once(tmp_path: Path) -> None:
+def run_grid(tmp_path: Path, run_body: str, rows: list[str]) -> tuple[int, list[str]]:
+    """Source jobs/grid.sh, define `run` (a stand-in for rayfl that logs its arguments), add
+    `rows` (grid_add lines), run the grid at SEEDS="0 1", PARALLEL=2: (exit status, logged calls)."""
     log = tmp_path / "log"
+    log.touch()
     driver = tmp_path / "grid_test.sh"
+    lines = "\n".join(rows)
     driver.write_text(f"""source {REPO / "jobs" / "grid.sh"}
-run() {{ echo "$*" >> {log}; [[ "$*" != *bad_s1* ]]; }}
-grid_add good run a
-grid_add bad run b
+run() {{ echo "$*" >> {log}; {run_body}; }}
+{lines}
 grid_run
 """)
     done = subprocess.run(["bash", str(driver)], env={**os.environ, "SEEDS": "0 1", "PARALLEL": "2"},
                           capture_output=True, text=True, timeout=60)
-    lines = log.read_text().splitlines()
-    assert done.returncode == 1  # bad_s1 failed twice
-    assert sorted(line.split("run.run_id=")[1].split()[0] for line in lines) == \
-        ["bad_s0", "bad_s1", "bad_s1", "good_s0", "good_s1"]
-    assert all("output.overwrite=true" in line for line in lines)
+    return done.returncode, log.read_text().splitlines()
+
+
+def run_ids(calls: list[str]) -> list[str]:
+    return sorted(line.split("run.run_id=")[1].split()[0] for line in calls)
+
+
+def test_grid_runs_every_command_parallel_and_retries_a_failed_run_once(tmp_path: Path) -> None:
+    status, calls = run_grid(tmp_path, '[[ "$*" != *bad_s1* ]]', ["grid_add good run a", "grid_add bad run b"])
+    assert status == 1  # bad_s1 failed twice
+    assert run_ids(calls) == ["bad_s0", "bad_s1", "bad_s1", "good_s0", "good_s1"]
+    assert all("output.overwrite=true" in line for line in calls)
 
 
 @pytest.mark.parametrize("first_bad", [True, False])
 def test_grid_stops_at_a_run_that_exits_2_without_retrying_it(tmp_path: Path, first_bad: bool) -> None:
     # exit 2 is bad input or missing data (one line from rayfl): retrying it, or starting the
     # other runs, would print that line once per run
-    log = tmp_path / "log"
-    driver = tmp_path / "grid_test.sh"
-    rows = "grid_add bad run b\ngrid_add later run c" if first_bad else "grid_add good run a\ngrid_add bad run b\ngrid_add later run c"
-    driver.write_text(f"""source {REPO / "jobs" / "grid.sh"}
-run() {{ echo "$*" >> {log}; [[ "$*" == *bad_s* ]] && return 2; sleep 0.5; }}
-{rows}
-grid_run
-""")
-    done = subprocess.run(["bash", str(driver)], env={**os.environ, "SEEDS": "0 1", "PARALLEL": "2"},
-                          capture_output=True, text=True, timeout=60)
-    ran = sorted(line.split("run.run_id=")[1].split()[0] for line in log.read_text().splitlines())
-    assert done.returncode == 2
+    rows = ["grid_add bad run b", "grid_add later run c"]
+    status, calls = run_grid(tmp_path, '[[ "$*" == *bad_s* ]] && return 2; sleep 0.5',
+                             rows if first_bad else ["grid_add good run a", *rows])
+    assert status == 2
     # the first run goes alone; then good_s1 and bad_s0 side by side, and nothing after bad_s0
-    assert ran == (["bad_s0"] if first_bad else ["bad_s0", "good_s0", "good_s1"])
+    assert run_ids(calls) == (["bad_s0"] if first_bad else ["bad_s0", "good_s0", "good_s1"])
 
 
 def test_a_grid_without_its_data_stops_in_one_line_naming_the_files(tmp_path: Path) -> None:
